@@ -1,0 +1,64 @@
+"""The first stage of every flavor: validate, drop what is persisted, key."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import apache_beam as beam
+from apache_beam import pvalue
+from apache_beam.utils.timestamp import Timestamp
+
+from beam_upsert.metrics import UpsertCounters
+from beam_upsert.model import Invalid, check_command, check_key
+
+INVALID_TAG = "invalid"
+
+# Entries travelling from the prepare stage to the flavor, as plain tuples so
+# a deterministic primitive coder handles them:
+#   (CMD, time_micros, offset, value)   a command
+#   (PRIOR, value)                      the snapshot's value for the key
+#   (STATE, value, through, max_offset) what the stateful flavor keeps
+CMD, PRIOR, STATE = "c", "p", "s"
+
+
+class PrepareCommands(beam.DoFn):
+    """Validates commands and keys them; malformed ones go to ``invalid``."""
+
+    def __init__(self, resume_at: Optional[Timestamp]) -> None:
+        self._resume_at_micros = None if resume_at is None else resume_at.micros
+
+    def setup(self) -> None:
+        self._counters = UpsertCounters()
+
+    def process(self, element: Any, timestamp=beam.DoFn.TimestampParam):
+        command, reason = check_command(element)
+        if command is None:
+            self._counters.invalid.inc()
+            yield pvalue.TaggedOutput(INVALID_TAG, Invalid(element, reason))
+            return
+        micros = timestamp.micros
+        if self._resume_at_micros is not None and micros < self._resume_at_micros:
+            self._counters.dropped_before_resume.inc()
+            return
+        yield command.key, (CMD, micros, command.offset, command.value)
+
+
+class PreparePrior(beam.DoFn):
+    """Validates snapshot pairs ``(key, value)`` and keys them."""
+
+    def setup(self) -> None:
+        self._counters = UpsertCounters()
+
+    def process(self, element: Any):
+        if not isinstance(element, tuple) or len(element) != 2:
+            reason = f"prior snapshot element must be a (key, value) pair, got {type(element).__name__}"
+        else:
+            reason = check_key(element[0])
+            if reason is None and element[1] is None:
+                reason = "prior snapshot value is None (a snapshot holds only present keys)"
+        if reason is not None:
+            self._counters.invalid.inc()
+            yield pvalue.TaggedOutput(INVALID_TAG, Invalid(element, "prior: " + reason))
+            return
+        self._counters.rehydrated.inc()
+        yield element[0], (PRIOR, element[1])

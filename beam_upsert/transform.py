@@ -1,0 +1,139 @@
+"""``Upsert``: upsert commands in, a retraction changelog out."""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple, Optional, Union
+
+import apache_beam as beam
+from apache_beam.pvalue import PCollection
+from apache_beam.transforms import window
+from apache_beam.transforms.display import DisplayDataItem
+from apache_beam.utils.timestamp import Timestamp
+
+from beam_upsert.grouped import GroupedUpsertFn
+from beam_upsert.prepare import INVALID_TAG, PrepareCommands, PreparePrior
+from beam_upsert.stateful import StatefulUpsertFn
+
+Flavor = Literal["auto", "stateful", "grouped"]
+FLAVORS = ("auto", "stateful", "grouped")
+
+
+class UpsertResult(NamedTuple):
+    """What ``Upsert(...).with_invalid_output()`` returns."""
+
+    changes: PCollection
+    invalid: PCollection
+
+
+def _to_timestamp(value) -> Optional[Timestamp]:
+    if value is None or isinstance(value, Timestamp):
+        return value
+    try:
+        return Timestamp.of(value)
+    except TypeError as exc:
+        raise TypeError(
+            f"Upsert: resume_at must be a Timestamp or seconds since the epoch, "
+            f"got {value!r}") from exc
+
+
+class Upsert(beam.PTransform):
+    """Turns upsert commands into a differential changelog.
+
+    Input elements are ``UpsertCommand(key, value, offset)`` or plain 3-tuples;
+    the element timestamp is the command's time and ``value=None`` deletes.
+    Output elements are ``Change(key, value, diff)`` timestamped at the time
+    they apply, in the global window.
+
+    Example::
+
+        changes = (
+            commands
+            | Upsert(prior=snapshot, resume_at=Timestamp(1700000000)))
+
+    Args:
+        flavor: ``"grouped"`` (one grouping; bounded input), ``"stateful"``
+            (keyed state and watermark timers; any input) or ``"auto"``
+            (grouped when the commands and the prior are bounded).
+        prior: a PCollection of ``(key, value)`` pairs, the persisted state
+            as of ``resume_at``; it seeds each key and emits nothing.
+        resume_at: commands earlier than this are already persisted and
+            dropped (counted ``dropped_before_resume``).
+
+    Note:
+        Malformed elements never fail the job: they are counted ``invalid``
+        and, after :meth:`with_invalid_output`, returned as
+        ``Invalid(element, reason)`` in ``result.invalid``.
+    """
+
+    def __init__(
+        self,
+        flavor: Flavor = "auto",
+        *,
+        prior: Optional[PCollection] = None,
+        resume_at: Union[Timestamp, int, float, None] = None,
+        label: Optional[str] = None,
+    ) -> None:
+        super().__init__(label)
+        if flavor not in FLAVORS:
+            raise ValueError(
+                f"Upsert: flavor must be one of {FLAVORS}, got {flavor!r}")
+        if prior is not None and not isinstance(prior, PCollection):
+            raise TypeError(
+                f"Upsert: prior must be a PCollection of (key, value) pairs, got "
+                f"{type(prior).__name__}")
+        self._flavor = flavor
+        self._prior = prior
+        self._resume_at = _to_timestamp(resume_at)
+        self._with_invalid = False
+
+    def with_invalid_output(self) -> "Upsert":
+        """Makes the transform return ``UpsertResult(changes, invalid)``."""
+        self._with_invalid = True
+        return self
+
+    def resolved_flavor(self, commands: PCollection) -> str:
+        if self._flavor != "auto":
+            return self._flavor
+        bounded = commands.is_bounded and (
+            self._prior is None or self._prior.is_bounded)
+        return "grouped" if bounded else "stateful"
+
+    def expand(self, commands: PCollection):
+        flavor = self.resolved_flavor(commands)
+        prepared = commands | "Prepare" >> beam.ParDo(
+            PrepareCommands(self._resume_at)).with_outputs(INVALID_TAG, main="commands")
+        keyed = [prepared.commands]
+        invalid = [prepared[INVALID_TAG]]
+        if self._prior is not None:
+            prior = self._prior | "PreparePrior" >> beam.ParDo(
+                PreparePrior()).with_outputs(INVALID_TAG, main="prior")
+            keyed.append(prior.prior)
+            invalid.append(prior[INVALID_TAG])
+        merged = (
+            tuple(keyed) | "Merge" >> beam.Flatten()
+            # State and grouping are per key *and window*; an upsert is per key
+            # over all time, so the input's windowing must not split it.
+            | "GlobalWindow" >> beam.WindowInto(window.GlobalWindows()))
+        if flavor == "grouped":
+            applied = (
+                merged
+                | "GroupByKey" >> beam.GroupByKey()
+                | "Apply" >> beam.ParDo(GroupedUpsertFn()).with_outputs(
+                    INVALID_TAG, main="changes"))
+        else:
+            applied = merged | "Apply" >> beam.ParDo(StatefulUpsertFn()).with_outputs(
+                INVALID_TAG, main="changes")
+        invalid.append(applied[INVALID_TAG])
+        if not self._with_invalid:
+            return applied.changes
+        all_invalid = tuple(invalid) | "Invalid" >> beam.Flatten()
+        return UpsertResult(applied.changes, all_invalid)
+
+    def display_data(self):
+        data = {
+            "flavor": DisplayDataItem(self._flavor, label="Flavor"),
+            "prior": DisplayDataItem(self._prior is not None, label="Has prior"),
+        }
+        if self._resume_at is not None:
+            data["resume_at"] = DisplayDataItem(str(self._resume_at), label="Resume at")
+        return data

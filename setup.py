@@ -1,0 +1,27 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="beam-upsert-supertable",
+    version="0.1.0",
+    description=(
+        "Apache Beam plugin: upsert commands to a retraction changelog, and an "
+        "object-store table of Parquet superfiles with vector and text indexes."),
+    python_requires=">=3.10,<3.13",
+    packages=find_packages(include=["beam_upsert*", "beam_supertable*", "pipelines*"]),
+    install_requires=[
+        # The Flink job server jar must match the SDK version exactly (see README).
+        "apache-beam>=2.77.0,<2.78",
+        "pyarrow>=18,<26",
+        "numpy>=1.26,<3",
+        "scikit-learn>=1.5,<2",
+        "fsspec>=2024.6.0",
+        "s3fs>=2024.6.0",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8,<10",
+            "hypothesis>=6.100,<7",
+            "moto[server]>=5.0.15,<6",
+        ],
+    },
+)
