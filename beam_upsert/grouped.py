@@ -9,7 +9,7 @@ from apache_beam.utils.timestamp import Timestamp
 
 from beam_upsert.metrics import UpsertCounters
 from beam_upsert.model import KeyState, apply_times, resolve_prior, transition_changes
-from beam_upsert.prepare import CMD, INVALID_TAG, PRIOR
+from beam_upsert.prepare import CMD, INVALID_TAG, PRIOR, decode_key
 
 
 class GroupedUpsertFn(beam.DoFn):
@@ -19,7 +19,7 @@ class GroupedUpsertFn(beam.DoFn):
         self._counters = UpsertCounters()
 
     def process(self, element):
-        key, entries = element
+        key, entries = decode_key(element[0]), element[1]
         commands, priors = [], []
         for entry in entries:
             if entry[0] == CMD:
@@ -32,7 +32,6 @@ class GroupedUpsertFn(beam.DoFn):
             return
         prior, conflicts = resolve_prior(key, priors)
         for invalid in conflicts:
-            self._counters.invalid.inc()
             yield pvalue.TaggedOutput(INVALID_TAG, invalid)
         _, steps, _, _ = apply_times(KeyState(prior), commands)
         counters = self._counters

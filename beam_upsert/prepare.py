@@ -6,6 +6,7 @@ from typing import Any, Optional
 
 import apache_beam as beam
 from apache_beam import pvalue
+from apache_beam.coders import coders
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_upsert.metrics import UpsertCounters
@@ -19,6 +20,12 @@ INVALID_TAG = "invalid"
 #   (PRIOR, value)                      the snapshot's value for the key
 #   (STATE, value, through, max_offset) what the stateful flavor keeps
 CMD, PRIOR, STATE = "c", "p", "s"
+
+# Keyed state and grouping go by the key's encoded bytes, so the encoding is
+# chosen here, explicitly and deterministically, rather than inferred.
+KEY_CODER = coders.FastPrimitivesCoder().as_deterministic_coder("beam_upsert key")
+encode_key = KEY_CODER.encode
+decode_key = KEY_CODER.decode
 
 
 class PrepareCommands(beam.DoFn):
@@ -40,7 +47,7 @@ class PrepareCommands(beam.DoFn):
         if self._resume_at_micros is not None and micros < self._resume_at_micros:
             self._counters.dropped_before_resume.inc()
             return
-        yield command.key, (CMD, micros, command.offset, command.value)
+        yield encode_key(command.key), (CMD, micros, command.offset, command.value)
 
 
 class PreparePrior(beam.DoFn):
@@ -61,4 +68,15 @@ class PreparePrior(beam.DoFn):
             yield pvalue.TaggedOutput(INVALID_TAG, Invalid(element, "prior: " + reason))
             return
         self._counters.rehydrated.inc()
-        yield element[0], (PRIOR, element[1])
+        yield encode_key(element[0]), (PRIOR, element[1])
+
+
+class CountInvalid(beam.DoFn):
+    """Counts invalid elements found after the prepare stage, passing them on."""
+
+    def setup(self) -> None:
+        self._counters = UpsertCounters()
+
+    def process(self, invalid):
+        self._counters.invalid.inc()
+        yield invalid

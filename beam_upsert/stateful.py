@@ -19,7 +19,9 @@ from apache_beam.utils.timestamp import Timestamp
 
 from beam_upsert.metrics import UpsertCounters
 from beam_upsert.model import KeyState, apply_times, resolve_prior, transition_changes
-from beam_upsert.prepare import CMD, INVALID_TAG, PRIOR, STATE
+from beam_upsert.prepare import CMD, INVALID_TAG, PRIOR, STATE, decode_key
+
+COUNTS_TAG = "counts"
 
 
 class StatefulUpsertFn(beam.DoFn):
@@ -27,9 +29,6 @@ class StatefulUpsertFn(beam.DoFn):
 
     STASH = BagStateSpec("stash", coders.FastPrimitivesCoder())
     APPLY = TimerSpec("apply", TimeDomain.WATERMARK)
-
-    def setup(self) -> None:
-        self._counters = UpsertCounters()
 
     def process(
         self,
@@ -50,6 +49,7 @@ class StatefulUpsertFn(beam.DoFn):
         fired_at=beam.DoFn.TimestampParam,
         stash=beam.DoFn.StateParam(STASH),
     ):
+        key = decode_key(key)
         now = fired_at.micros
         state = None
         priors, due, pending = [], [], []
@@ -66,7 +66,6 @@ class StatefulUpsertFn(beam.DoFn):
         if state is None:
             prior, conflicts = resolve_prior(key, priors)
             for invalid in conflicts:
-                self._counters.invalid.inc()
                 yield pvalue.TaggedOutput(INVALID_TAG, invalid)
             state = KeyState(prior)
         state, steps, late, stale = apply_times(
@@ -75,13 +74,32 @@ class StatefulUpsertFn(beam.DoFn):
         stash.add((STATE,) + tuple(state))
         for entry in pending:
             stash.add(entry)
-        counters = self._counters
-        if late:
-            counters.late_applied.inc(late)
-        if stale:
-            counters.stale_dropped.inc(stale)
+        inserts = updates = deletes = 0
         for at, old, new in steps:
-            counters.count_step(old, new)
+            if old is None:
+                inserts += 1
+            elif new is None:
+                deletes += 1
+            else:
+                updates += 1
             ts = Timestamp(micros=at)
             for change in transition_changes(key, old, new):
                 yield TimestampedValue(change, ts)
+        # Counters bumped inside timer callbacks are lost by the streaming
+        # DirectRunner, so a firing reports its counts as one element.
+        yield pvalue.TaggedOutput(
+            COUNTS_TAG, (inserts, updates, deletes, late, stale))
+
+
+class ReportCounts(beam.DoFn):
+    """Adds the counts reported by :class:`StatefulUpsertFn` firings."""
+
+    def setup(self) -> None:
+        self._counters = UpsertCounters()
+
+    def process(self, counts):
+        c = self._counters
+        for counter, n in zip(
+                (c.inserts, c.updates, c.deletes, c.late_applied, c.stale_dropped), counts):
+            if n:
+                counter.inc(n)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple, Optional, Union
+from typing import Any, Literal, NamedTuple, Optional, Tuple, Union
 
 import apache_beam as beam
 from apache_beam.pvalue import PCollection
@@ -11,8 +11,8 @@ from apache_beam.transforms.display import DisplayDataItem
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_upsert.grouped import GroupedUpsertFn
-from beam_upsert.prepare import INVALID_TAG, PrepareCommands, PreparePrior
-from beam_upsert.stateful import StatefulUpsertFn
+from beam_upsert.prepare import INVALID_TAG, CountInvalid, PrepareCommands, PreparePrior
+from beam_upsert.stateful import COUNTS_TAG, ReportCounts, StatefulUpsertFn
 
 Flavor = Literal["auto", "stateful", "grouped"]
 FLAVORS = ("auto", "stateful", "grouped")
@@ -113,7 +113,8 @@ class Upsert(beam.PTransform):
             tuple(keyed) | "Merge" >> beam.Flatten()
             # State and grouping are per key *and window*; an upsert is per key
             # over all time, so the input's windowing must not split it.
-            | "GlobalWindow" >> beam.WindowInto(window.GlobalWindows()))
+            | "GlobalWindow" >> beam.WindowInto(window.GlobalWindows())
+            .with_output_types(Tuple[bytes, Any]))
         if flavor == "grouped":
             applied = (
                 merged
@@ -122,8 +123,10 @@ class Upsert(beam.PTransform):
                     INVALID_TAG, main="changes"))
         else:
             applied = merged | "Apply" >> beam.ParDo(StatefulUpsertFn()).with_outputs(
-                INVALID_TAG, main="changes")
-        invalid.append(applied[INVALID_TAG])
+                INVALID_TAG, COUNTS_TAG, main="changes")
+            _ = applied[COUNTS_TAG] | "Count" >> beam.ParDo(ReportCounts())
+        conflicts = applied[INVALID_TAG] | "CountConflicts" >> beam.ParDo(CountInvalid())
+        invalid.append(conflicts)
         if not self._with_invalid:
             return applied.changes
         all_invalid = tuple(invalid) | "Invalid" >> beam.Flatten()

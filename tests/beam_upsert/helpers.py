@@ -50,5 +50,6 @@ def run_upsert(commands, prior=None, flavor="grouped", resume_at=None,
 def counters(result):
     got = {}
     for c in result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]:
-        got[c.key.metric.name] = got.get(c.key.metric.name, 0) + c.committed
+        value = c.committed if c.committed is not None else c.attempted
+        got[c.key.metric.name] = got.get(c.key.metric.name, 0) + (value or 0)
     return got
