@@ -239,18 +239,18 @@ class _SplitByPartition(beam.DoFn):
             if dropped:
                 self._counters.dropped_before_resume.inc(dropped)
                 table = table.filter(keep)
-        else:
-            self._counters.rehydrated.inc(table.num_rows) if self._tag == "p" else None
+        elif self._tag == "p":
+            self._counters.rehydrated.inc(table.num_rows)
         if table.num_rows == 0:
             return
         parts = partition_of(table["key"], self._n)
         order = np.argsort(parts, kind="stable")
-        table = table.take(pa.array(order))
         bounds = np.searchsorted(parts[order], np.arange(self._n + 1))
         for pid in range(self._n):
             lo, hi = bounds[pid], bounds[pid + 1]
             if hi > lo:
-                yield pid, (self._tag, table.slice(lo, hi - lo))
+                # take() copies: a slice would pickle its parent's whole buffers.
+                yield pid, (self._tag, table.take(pa.array(order[lo:hi])))
 
 
 class _ApplyPartition(beam.DoFn):

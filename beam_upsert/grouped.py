@@ -17,6 +17,8 @@ class GroupedUpsertFn(beam.DoFn):
 
     def setup(self) -> None:
         self._counters = UpsertCounters()
+        # Change times repeat across keys; Timestamp objects are costly to build.
+        self._stamps = {}
 
     def process(self, element):
         key, entries = decode_key(element[0]), element[1]
@@ -35,8 +37,13 @@ class GroupedUpsertFn(beam.DoFn):
             yield pvalue.TaggedOutput(INVALID_TAG, invalid)
         _, steps, _, _ = apply_times(KeyState(prior), commands)
         counters = self._counters
+        stamps = self._stamps
         for at, old, new in steps:
             counters.count_step(old, new)
-            ts = Timestamp(micros=at)
+            ts = stamps.get(at)
+            if ts is None:
+                if len(stamps) > 4096:
+                    stamps.clear()
+                ts = stamps[at] = Timestamp(micros=at)
             for change in transition_changes(key, old, new):
                 yield TimestampedValue(change, ts)

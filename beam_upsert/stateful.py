@@ -30,6 +30,10 @@ class StatefulUpsertFn(beam.DoFn):
     STASH = BagStateSpec("stash", coders.FastPrimitivesCoder())
     APPLY = TimerSpec("apply", TimeDomain.WATERMARK)
 
+    def setup(self) -> None:
+        # Change times repeat across keys; Timestamp objects are costly to build.
+        self._stamps = {}
+
     def process(
         self,
         element,
@@ -82,7 +86,11 @@ class StatefulUpsertFn(beam.DoFn):
                 deletes += 1
             else:
                 updates += 1
-            ts = Timestamp(micros=at)
+            ts = self._stamps.get(at)
+            if ts is None:
+                if len(self._stamps) > 4096:
+                    self._stamps.clear()
+                ts = self._stamps[at] = Timestamp(micros=at)
             for change in transition_changes(key, old, new):
                 yield TimestampedValue(change, ts)
         # Counters bumped inside timer callbacks are lost by the streaming

@@ -109,12 +109,12 @@ class Upsert(beam.PTransform):
                 PreparePrior()).with_outputs(INVALID_TAG, main="prior")
             keyed.append(prior.prior)
             invalid.append(prior[INVALID_TAG])
-        merged = (
-            tuple(keyed) | "Merge" >> beam.Flatten()
-            # State and grouping are per key *and window*; an upsert is per key
-            # over all time, so the input's windowing must not split it.
-            | "GlobalWindow" >> beam.WindowInto(window.GlobalWindows())
-            .with_output_types(Tuple[bytes, Any]))
+        merged = tuple(keyed) | "Merge" >> beam.Flatten().with_output_types(Tuple[bytes, Any])
+        # State and grouping are per key *and window*; an upsert is per key
+        # over all time, so the input's windowing must not split it.
+        if not isinstance(merged.windowing.windowfn, window.GlobalWindows):
+            merged = merged | "GlobalWindow" >> beam.WindowInto(
+                window.GlobalWindows()).with_output_types(Tuple[bytes, Any])
         if flavor == "grouped":
             applied = (
                 merged

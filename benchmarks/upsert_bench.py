@@ -1,0 +1,240 @@
+"""Upsert throughput on the DirectRunner, each case against its baseline.
+
+    python -m benchmarks.upsert_bench            # all cases, prints a table
+    python -m benchmarks.upsert_bench --case grouped
+
+Every case runs in its own process (so peak RSS is its own) and reads its
+input from files written once under benchmarks/data/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import resource
+import subprocess
+import sys
+import time
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.coders import coders
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.transforms.userstate import ReadModifyWriteStateSpec
+from apache_beam.transforms.window import TimestampedValue
+
+from beam_upsert import Upsert, UpsertBatches, UpsertCommand, upsert_table
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+N_COMMANDS, N_KEYS, N_PRIOR, N_TIMES, DELETE_SHARE = 200_000, 50_000, 25_000, 10, 0.05
+NAIVE_COMMANDS = 20_000  # the naive baseline runs ~1,000/s: a prefix of the same file
+COLUMNAR_COMMANDS, COLUMNAR_BATCH_ROWS, COLUMNAR_KEYS = 2_000_000, 10_000, 500_000
+
+
+def _path(name):
+    return os.path.join(DATA, name)
+
+
+def make_data() -> None:
+    os.makedirs(DATA, exist_ok=True)
+    if not os.path.exists(_path("commands.jsonl")):
+        rng = random.Random(42)
+        with open(_path("commands.jsonl"), "w") as f:
+            for i in range(N_COMMANDS):
+                value = None if rng.random() < DELETE_SHARE else rng.randrange(1000)
+                f.write(json.dumps({"key": f"k{rng.randrange(N_KEYS)}", "value": value,
+                                    "offset": i, "time": rng.randrange(N_TIMES)}) + "\n")
+        with open(_path("prior.jsonl"), "w") as f:
+            for k in rng.sample(range(N_KEYS), N_PRIOR):
+                f.write(json.dumps({"key": f"k{k}", "value": rng.randrange(1000)}) + "\n")
+        with open(_path("naive.jsonl"), "w") as out, open(_path("commands.jsonl")) as src:
+            for _, line in zip(range(NAIVE_COMMANDS), src):
+                out.write(line)
+    if not os.path.exists(_path("columnar.parquet")):
+        rng = np.random.default_rng(42)
+        n = COLUMNAR_COMMANDS
+        values = rng.integers(0, 1000, n)
+        table = pa.table({
+            "key": rng.integers(0, COLUMNAR_KEYS, n),
+            "value": pa.array(values, mask=rng.random(n) < DELETE_SHARE),
+            "offset": np.arange(n),
+            "time": rng.integers(0, N_TIMES, n) * 1_000_000,
+        })
+        pq.write_table(table, _path("columnar.parquet"), row_group_size=COLUMNAR_BATCH_ROWS)
+        keys = rng.choice(COLUMNAR_KEYS, COLUMNAR_KEYS // 2, replace=False)
+        pq.write_table(pa.table({"key": keys, "value": rng.integers(0, 1000, len(keys))}),
+                       _path("columnar_prior.parquet"))
+
+
+def parse_command(line):
+    row = json.loads(line)
+    return TimestampedValue(UpsertCommand(row["key"], row["value"], row["offset"]), row["time"])
+
+
+def parse_prior(line):
+    row = json.loads(line)
+    return row["key"], row["value"]
+
+
+class NaiveUpsertFn(beam.DoFn):
+    """The baseline: one ReadModifyWriteState read and write per element."""
+
+    CURRENT = ReadModifyWriteStateSpec("current", coders.PickleCoder())
+
+    def process(self, element, current=beam.DoFn.StateParam(CURRENT)):
+        key, value = element
+        old = current.read()
+        if old != value:
+            current.write(value)
+            if old is not None:
+                yield key, old, -1
+            if value is not None:
+                yield key, value, 1
+
+
+def _options(streaming=False):
+    return PipelineOptions(streaming=streaming)
+
+
+class _Drain(beam.DoFn):
+    """Consumes the output (a global Count would need windowing when streaming)."""
+
+    def process(self, element):
+        return ()
+
+
+def _count(pcoll):
+    return pcoll | beam.ParDo(_Drain())
+
+
+def case_naive():
+    with beam.Pipeline(options=_options()) as p:
+        _count(p | beam.io.ReadFromText(_path("naive.jsonl")) | beam.Map(parse_command)
+               | beam.Map(lambda c: (c.key, c.value)) | beam.ParDo(NaiveUpsertFn()))
+    return NAIVE_COMMANDS
+
+
+def case_read_parse_gbk():
+    with beam.Pipeline(options=_options()) as p:
+        _count(p | beam.io.ReadFromText(_path("commands.jsonl")) | beam.Map(parse_command)
+               | beam.Map(lambda c: (c.key, c)) | beam.GroupByKey())
+    return N_COMMANDS
+
+
+def _row_api(flavor):
+    with beam.Pipeline(options=_options()) as p:
+        prior = p | "P" >> beam.io.ReadFromText(_path("prior.jsonl")) | "PP" >> beam.Map(parse_prior)
+        _count(p | beam.io.ReadFromText(_path("commands.jsonl")) | beam.Map(parse_command)
+               | Upsert(flavor, prior=prior))
+    return N_COMMANDS
+
+
+def case_grouped():
+    return _row_api("grouped")
+
+
+def case_stateful():
+    return _row_api("stateful")
+
+
+def case_stateful_streaming():
+    # The streaming DirectRunner with TestStream: events are built in memory
+    # (TestStream has no file source), ten watermark steps, one per time.
+    from apache_beam.testing.test_stream import TestStream
+    n = 50_000
+    rows = []
+    with open(_path("commands.jsonl")) as f:
+        for _, line in zip(range(n), f):
+            rows.append(parse_command(line))
+    stream = TestStream()
+    for t in range(N_TIMES):
+        stream = stream.add_elements([r for r in rows if r.timestamp.micros == t * 1_000_000])
+        stream = stream.advance_watermark_to(t + 1)
+    stream = stream.advance_watermark_to_infinity()
+    with beam.Pipeline(options=_options(streaming=True)) as p:
+        _count(p | stream | Upsert("stateful"))
+    return n
+
+
+def _batches():
+    return pq.ParquetFile(_path("columnar.parquet")).iter_batches(COLUMNAR_BATCH_ROWS)
+
+
+def case_columnar_kernel():
+    table = pa.Table.from_batches(list(_batches()))
+    prior = pq.read_table(_path("columnar_prior.parquet"))
+    t0 = time.perf_counter()
+    out = upsert_table(table, prior)
+    print("OUTPUT", out.num_rows)
+    return COLUMNAR_COMMANDS, time.perf_counter() - t0
+
+
+def case_columnar():
+    with beam.Pipeline(options=_options()) as p:
+        batches = p | "Read" >> beam.io.ReadFromParquetBatched(_path("columnar.parquet"))
+        prior = p | "Prior" >> beam.io.ReadFromParquetBatched(_path("columnar_prior.parquet"))
+        _count(batches | UpsertBatches(prior=prior))
+    return COLUMNAR_COMMANDS
+
+
+CASES = {
+    "naive": case_naive,
+    "read_parse_gbk": case_read_parse_gbk,
+    "grouped": case_grouped,
+    "stateful": case_stateful,
+    "stateful_streaming": case_stateful_streaming,
+    "columnar_kernel": case_columnar_kernel,
+    "columnar": case_columnar,
+}
+
+
+def run_case(name):
+    t0 = time.perf_counter()
+    got = CASES[name]()
+    elapsed = time.perf_counter() - t0
+    if isinstance(got, tuple):
+        got, elapsed = got
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print("RESULT " + json.dumps({"case": name, "commands": got, "seconds": elapsed,
+                                  "per_second": got / elapsed, "peak_rss_mb": peak_mb}))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", choices=sorted(CASES))
+    args = parser.parse_args(argv)
+    make_data()
+    if args.case:
+        run_case(args.case)
+        return
+    results = {}
+    for name in CASES:
+        done = subprocess.run([sys.executable, "-m", "benchmarks.upsert_bench", "--case", name],
+                              capture_output=True, text=True)
+        line = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+        if done.returncode or not line:
+            print(f"{name}: FAILED\n{done.stderr[-2000:]}")
+            continue
+        results[name] = json.loads(line[0][7:])
+        r = results[name]
+        print(f"{name:20s} {r['commands']:>9,d} commands  {r['seconds']:7.1f} s  "
+              f"{r['per_second']:>11,.0f} /s  peak {r['peak_rss_mb']:,.0f} MB", flush=True)
+    rate = {k: v["per_second"] for k, v in results.items()}
+    if "naive" in rate:
+        for k in ("grouped", "stateful", "stateful_streaming"):
+            if k in rate:
+                print(f"{k} / naive baseline: {rate[k] / rate['naive']:.1f}x")
+    if "columnar" in rate and "columnar_kernel" in rate:
+        print(f"columnar / plain kernel: {rate['columnar'] / rate['columnar_kernel']:.2f}")
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, "
+          f"python {platform.python_version()}, apache-beam {beam.__version__}, "
+          f"{time.strftime('%Y-%m-%d')}")
+
+
+if __name__ == "__main__":
+    main()
