@@ -1,0 +1,586 @@
+"""Table versions and the optimistic-concurrency commit.
+
+Layout under the table root::
+
+    _supertable/versions/<N:020d>.json   version N; creating it IS the commit
+    _supertable/parts/<uuid>.json        manifest parts: superfile entries, immutable
+    _supertable/latest.json              hint: a recent version number (may lag)
+
+A version document is JSON holding the format version, the Arrow schema
+(IPC bytes, base64), table properties, the list of manifest parts, deletion
+vectors per superfile, running totals and the commit info (timestamp,
+operation, writer, idempotency token, user metadata such as a source
+frontier). Every document carries the SHA-256 of its canonical JSON and is
+checked against it when read.
+
+Commit cost does not grow with the table: a commit writes one new part with
+its own entries and references the base's parts unchanged; parts are merged
+eight at a time (a base-8 counter), so a table of ``n`` superfiles has
+``O(log n)`` parts and a commit rewrites nothing in 7 of 8 cases.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime
+import hashlib
+import json
+import logging
+import os
+import random
+import socket
+import time
+import uuid
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import pyarrow as pa
+
+from beam_supertable.errors import (
+    AlreadyExists, CommitConflictError, CorruptManifestError, NotATableError,
+    SchemaMismatchError, TableExistsError, VersionNotFoundError)
+from beam_supertable.store import ObjectStore
+
+__all__ = [
+    "CommitRequest", "Manifest", "PartRef", "Snapshot", "VacuumReport",
+    "backoff_seconds",
+]
+
+_LOG = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+META = "_supertable"
+VERSIONS = f"{META}/versions"
+PARTS = f"{META}/parts"
+HINT = f"{META}/latest.json"
+VERSION_DIGITS = 20
+
+DEFAULT_MAX_RETRIES = 10
+BACKOFF_BASE_S = 0.010
+BACKOFF_CAP_S = 1.0
+BACKOFF_JITTER = 0.30
+PART_FANOUT = 8
+RECENT_TOKENS = 128          # tokens of the latest commits, carried by each version
+DEFAULT_VACUUM_GRACE_S = 6 * 3600
+
+
+def version_path(version: int) -> str:
+    return f"{VERSIONS}/{version:0{VERSION_DIGITS}d}.json"
+
+
+def backoff_seconds(attempt: int, rng: random.Random = random) -> float:
+    """10 ms × 2^attempt, at most 1 s, ±30% jitter."""
+    base = min(BACKOFF_BASE_S * (2 ** attempt), BACKOFF_CAP_S)
+    return base * (1 + rng.uniform(-BACKOFF_JITTER, BACKOFF_JITTER))
+
+
+def _canonical(doc: Dict[str, Any]) -> bytes:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def seal(doc: Dict[str, Any]) -> bytes:
+    """Serializes a document with the hash of its own canonical form."""
+    body = {k: v for k, v in doc.items() if k != "hash"}
+    digest = hashlib.sha256(_canonical(body)).hexdigest()
+    return _canonical({**body, "hash": digest})
+
+
+def unseal(data: bytes, where: str) -> Dict[str, Any]:
+    """Parses and checks a sealed document; raises CorruptManifestError naming it."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CorruptManifestError(f"{where}: not valid JSON ({exc})") from exc
+    if not isinstance(doc, dict) or "hash" not in doc:
+        raise CorruptManifestError(f"{where}: no hash field; not a supertable document")
+    body = {k: v for k, v in doc.items() if k != "hash"}
+    digest = hashlib.sha256(_canonical(body)).hexdigest()
+    if digest != doc["hash"]:
+        raise CorruptManifestError(
+            f"{where}: content hash {digest[:16]}… does not match the recorded "
+            f"{str(doc['hash'])[:16]}…; the object is corrupt or truncated")
+    if body.get("format_version", 0) > FORMAT_VERSION:
+        raise CorruptManifestError(
+            f"{where}: format version {body['format_version']} is newer than this "
+            f"library reads ({FORMAT_VERSION}); upgrade beam_supertable")
+    return body
+
+
+def schema_to_text(schema: pa.Schema) -> str:
+    return base64.b64encode(schema.serialize().to_pybytes()).decode()
+
+
+def schema_from_text(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+
+
+@dataclasses.dataclass(frozen=True)
+class PartRef:
+    """A manifest part referenced by a version."""
+
+    path: str
+    count: int      # superfile entries in the part
+    rows: int
+    level: int      # merges it went through (base-8 counter digit)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class CommitRequest:
+    """What one commit changes, re-applied on a fresh base after a lost race.
+
+    Args:
+        operation: a word for history (``"append"``, ``"delete"``, ...).
+        add_entries: superfile entries (JSON-able dicts with at least ``id``,
+            ``path`` and ``rows``).
+        add_deletes: ``{superfile_id: deletion_vector_path}`` to add.
+        set_properties: table properties this commit stamps. A property the
+            base already holds with a different value is a conflict (e.g. two
+            writers training different grids), unless listed in
+            ``replace_properties``.
+        replace_properties: property names this commit may overwrite.
+        schema: a new table schema; needs ``allow_schema_change``.
+        token: idempotency token; a commit whose token already landed
+            returns that version instead of committing again.
+        metadata: user metadata kept in the commit info (e.g. a frontier).
+        base_version: the version the writer read; tokens are also searched
+            back to it (beyond the recent-token window) when given.
+    """
+
+    operation: str = "append"
+    add_entries: Tuple[dict, ...] = ()
+    add_deletes: Dict[str, str] = dataclasses.field(default_factory=dict)
+    set_properties: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    replace_properties: Tuple[str, ...] = ()
+    schema: Optional[pa.Schema] = None
+    allow_schema_change: bool = False
+    token: Optional[str] = None
+    metadata: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    base_version: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        for entry in self.add_entries:
+            missing = [f for f in ("id", "path", "rows") if f not in entry]
+            if missing:
+                raise ValueError(f"CommitRequest: entry {entry!r} lacks {missing}")
+        try:
+            _canonical({"m": self.metadata, "p": self.set_properties})
+        except (TypeError, ValueError) as exc:
+            raise TypeError(
+                f"CommitRequest: metadata and properties must be JSON data: {exc}") from exc
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """One table version as read: snapshot isolation for a reader."""
+
+    version: int
+    schema: pa.Schema
+    properties: Dict[str, Any]
+    parts: Tuple[PartRef, ...]
+    deletes: Dict[str, List[str]]
+    totals: Dict[str, int]
+    commit: Dict[str, Any]
+    recent_tokens: Tuple[str, ...]
+    manifest: "Manifest" = dataclasses.field(repr=False, compare=False)
+
+    def entries(self) -> List[dict]:
+        """Every superfile entry of this version (reads the parts, cached)."""
+        out: List[dict] = []
+        for part in self.parts:
+            out.extend(self.manifest.read_part(part.path))
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class VacuumReport:
+    """What ``vacuum`` removed and kept."""
+
+    removed_versions: Tuple[int, ...]
+    removed_objects: Tuple[str, ...]
+    removed_bytes: int
+    retained_versions: Tuple[int, ...]
+
+
+def _writer_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Manifest:
+    """Reads versions and commits new ones for the table at ``store``'s root."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+        self._parts: Dict[str, List[dict]] = {}
+        self._sleep: Callable[[float], None] = time.sleep
+
+    # -- reading ---------------------------------------------------------
+    def read_part(self, path: str) -> List[dict]:
+        cached = self._parts.get(path)
+        if cached is None:
+            doc = unseal(self._get(path), f"{self.store.uri}/{path}")
+            cached = self._parts[path] = doc["entries"]
+        return cached
+
+    def _get(self, path: str) -> bytes:
+        return self.store.get(path)
+
+    def _try_version(self, version: int) -> Optional[Dict[str, Any]]:
+        try:
+            data = self.store.get(version_path(version))
+        except FileNotFoundError:
+            return None
+        return unseal(data, f"{self.store.uri}/{version_path(version)}")
+
+    def latest_version(self) -> int:
+        """The newest version: the hint, then forward probes. O(1) in history."""
+        start = None
+        try:
+            start = int(json.loads(self.store.get(HINT))["version"])
+        except FileNotFoundError:
+            pass
+        except (ValueError, KeyError, TypeError):
+            _LOG.warning("%s: unreadable latest-version hint; listing versions", self.store.uri)
+        if start is None or not self.store.exists(version_path(start)):
+            listed = self._listed_versions()
+            if not listed:
+                raise NotATableError(
+                    f"{self.store.uri}: not a supertable (no {VERSIONS}/ objects)")
+            start = listed[-1]
+        while self.store.exists(version_path(start + 1)):
+            start += 1
+        return start
+
+    def _listed_versions(self) -> List[int]:
+        out = []
+        for info in self.store.list(VERSIONS):
+            name = info.path.rsplit("/", 1)[-1]
+            if name.endswith(".json") and name[:-5].isdigit():
+                out.append(int(name[:-5]))
+        return sorted(out)
+
+    def exists(self) -> bool:
+        try:
+            self.latest_version()
+            return True
+        except NotATableError:
+            return False
+
+    def load(self, version: Optional[int] = None) -> Snapshot:
+        """Reads one version (the latest by default)."""
+        if version is None:
+            version = self.latest_version()
+        elif not isinstance(version, int) or version < 0:
+            raise VersionNotFoundError(
+                f"{self.store.uri}: version must be a non-negative int, got {version!r}")
+        doc = self._try_version(version)
+        if doc is None:
+            if not self._listed_versions():
+                raise NotATableError(f"{self.store.uri}: not a supertable")
+            raise VersionNotFoundError(
+                f"{self.store.uri}: version {version} does not exist (latest is "
+                f"{self.latest_version()}; vacuumed versions cannot be opened)")
+        return self._snapshot(doc)
+
+    def _snapshot(self, doc: Dict[str, Any]) -> Snapshot:
+        return Snapshot(
+            version=doc["version"],
+            schema=schema_from_text(doc["schema"]),
+            properties=doc.get("properties", {}),
+            parts=tuple(PartRef(**p) for p in doc.get("parts", [])),
+            deletes={k: list(v) for k, v in doc.get("deletes", {}).items()},
+            totals=doc.get("totals", {}),
+            commit=doc.get("commit", {}),
+            recent_tokens=tuple(doc.get("recent_tokens", [])),
+            manifest=self,
+        )
+
+    def history(self) -> List[Dict[str, Any]]:
+        """Every retained version with its commit info, oldest first."""
+        out = []
+        for version in self._listed_versions():
+            doc = self._try_version(version)
+            if doc is not None:
+                out.append({"version": version, **doc.get("commit", {}),
+                            "totals": doc.get("totals", {})})
+        return out
+
+    # -- writing ---------------------------------------------------------
+    def create(self, schema: pa.Schema, properties: Optional[Dict[str, Any]] = None,
+               *, metadata: Optional[Dict[str, Any]] = None) -> Snapshot:
+        """Creates version 0; raises TableExistsError when a table is there."""
+        self.store.check_writable()
+        doc = self._document(0, schema, dict(properties or {}), [], {},
+                             {"rows": 0, "superfiles": 0}, "create", None, metadata or {}, [])
+        try:
+            self.store.put_if_absent(version_path(0), seal(doc))
+        except AlreadyExists as exc:
+            raise TableExistsError(f"{self.store.uri}: a supertable already exists here") from exc
+        self._write_hint(0)
+        return self._snapshot(doc)
+
+    def _document(self, version, schema, properties, parts, deletes, totals, operation,
+                  token, metadata, recent_tokens) -> Dict[str, Any]:
+        return {
+            "format": "supertable",
+            "format_version": FORMAT_VERSION,
+            "version": version,
+            "schema": schema_to_text(schema),
+            "columns": schema.names,
+            "properties": properties,
+            "parts": [p.to_json() for p in parts],
+            "deletes": deletes,
+            "totals": totals,
+            "recent_tokens": recent_tokens,
+            "commit": {
+                "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                "operation": operation,
+                "writer": _writer_id(),
+                "token": token,
+                "metadata": metadata,
+                "parent": version - 1 if version else None,
+            },
+        }
+
+    def _write_hint(self, version: int) -> None:
+        # Best effort: readers probe forward from a stale hint anyway.
+        try:
+            self.store.put(HINT, json.dumps({"version": version}).encode())
+        except Exception as exc:  # noqa: BLE001 - the commit already landed
+            _LOG.warning("%s: could not update the latest-version hint to %d: %s",
+                         self.store.uri, version, exc)
+
+    def _find_token(self, token: str, base: Snapshot, since: Optional[int]) -> Optional[Snapshot]:
+        if token in base.recent_tokens:
+            # The recent window says it landed at or before base; find which.
+            version = base.version
+            while version >= 0:
+                doc = self._try_version(version)
+                if doc is None:
+                    break
+                if doc.get("commit", {}).get("token") == token:
+                    return self._snapshot(doc)
+                version -= 1
+            return base
+        if since is not None and since < base.version - RECENT_TOKENS:
+            for version in range(base.version - RECENT_TOKENS, since, -1):
+                doc = self._try_version(version)
+                if doc is not None and doc.get("commit", {}).get("token") == token:
+                    return self._snapshot(doc)
+        return None
+
+    def _rebase(self, base: Snapshot, req: CommitRequest) -> Dict[str, Any]:
+        """Builds the next version document from ``base``; raises on a real conflict."""
+        schema = base.schema
+        if req.schema is not None and not req.schema.equals(base.schema):
+            if not req.allow_schema_change:
+                raise SchemaMismatchError(
+                    f"{self.store.uri}: commit changes the schema from\n{base.schema}\nto\n"
+                    f"{req.schema}\nwithout allow_schema_change=True")
+            schema = req.schema
+        properties = dict(base.properties)
+        for name, value in req.set_properties.items():
+            held = properties.get(name)
+            if held is not None and held != value and name not in req.replace_properties:
+                raise CommitConflictError(
+                    f"{self.store.uri}: property {name!r} is already {held!r} at version "
+                    f"{base.version}; this commit would set {value!r} (a concurrent writer "
+                    f"stamped it first; reload and rebuild against it)")
+            properties[name] = value
+        known = {e["id"] for e in req.add_entries}
+        deletes = {k: list(v) for k, v in base.deletes.items()}
+        for sf, path in req.add_deletes.items():
+            deletes.setdefault(sf, []).append(path)
+        parts = list(base.parts)
+        rows = sum(e["rows"] for e in req.add_entries)
+        if req.add_entries:
+            parts.append(self._write_part(list(req.add_entries), level=0))
+            parts = self._merge_parts(parts)
+        missing = [sf for sf in req.add_deletes if sf not in known and not self._has_superfile(parts, sf)]
+        if missing:
+            raise CommitConflictError(
+                f"{self.store.uri}: deletion vectors name superfiles {missing[:5]} that are "
+                f"not in version {base.version} (removed by a concurrent commit?)")
+        totals = {
+            "rows": base.totals.get("rows", 0) + rows,
+            "superfiles": base.totals.get("superfiles", 0) + len(req.add_entries),
+        }
+        recent = list(base.recent_tokens)
+        if req.token is not None:
+            recent = (recent + [req.token])[-RECENT_TOKENS:]
+        return self._document(base.version + 1, schema, properties, parts, deletes, totals,
+                              req.operation, req.token, req.metadata, recent)
+
+    def _has_superfile(self, parts: Sequence[PartRef], sf: str) -> bool:
+        return any(e["id"] == sf for p in parts for e in self.read_part(p.path))
+
+    def _write_part(self, entries: List[dict], level: int) -> PartRef:
+        path = f"{PARTS}/{uuid.uuid4().hex}.json"
+        self.store.put_if_absent(path, seal({"format_version": FORMAT_VERSION, "entries": entries}))
+        self._parts[path] = entries
+        return PartRef(path, len(entries), sum(e["rows"] for e in entries), level)
+
+    def _merge_parts(self, parts: List[PartRef]) -> List[PartRef]:
+        while len(parts) >= PART_FANOUT and len({p.level for p in parts[-PART_FANOUT:]}) == 1:
+            tail = parts[-PART_FANOUT:]
+            merged: List[dict] = []
+            for p in tail:
+                merged.extend(self.read_part(p.path))
+            parts = parts[:-PART_FANOUT] + [self._write_part(merged, tail[0].level + 1)]
+        return parts
+
+    def commit(self, req: CommitRequest, *, max_retries: int = DEFAULT_MAX_RETRIES,
+               base: Optional[Snapshot] = None) -> Snapshot:
+        """Commits ``req`` as the next version, rebasing and retrying on lost races.
+
+        Returns:
+            The version that holds the commit: the new one, or the one that
+            already carries ``req.token``.
+
+        Raises:
+            CommitConflictError: the retry budget ran out (the message says how
+                many attempts were made) or the commit conflicts with a newer
+                version in a way a rebase cannot resolve.
+            SchemaMismatchError: the commit changes the schema without leave.
+        """
+        self.store.check_writable()
+        attempt = 0
+        while True:
+            doc = None
+            try:
+                if base is None:
+                    base = self.load()
+                if req.token is not None:
+                    landed = self._find_token(req.token, base, req.base_version)
+                    if landed is not None:
+                        _LOG.info("%s: commit token %s already landed at version %d",
+                                  self.store.uri, req.token, landed.version)
+                        return landed
+                doc = self._rebase(base, req)
+                self.store.put_if_absent(version_path(doc["version"]), seal(doc))
+                self._write_hint(doc["version"])
+                return self._snapshot(doc)
+            except AlreadyExists as exc:
+                reason, cause = "lost the race", exc
+            except (NotATableError, VersionNotFoundError):
+                raise
+            except (OSError, TimeoutError, CorruptManifestError) as exc:
+                # A failed create may still have landed: with a token the next
+                # round's token check tells; without one, compare the object.
+                reason, cause = f"{type(exc).__name__}: {exc}", exc
+                if doc is not None and req.token is None:
+                    if self._safe_try_version(doc["version"]) == doc:
+                        self._write_hint(doc["version"])
+                        return self._snapshot(doc)
+            if attempt >= max_retries:
+                raise CommitConflictError(
+                    f"{self.store.uri}: commit ({req.operation}) did not land after "
+                    f"{attempt + 1} attempts; last: {reason}") from cause
+            delay = backoff_seconds(attempt)
+            _LOG.info("%s: commit attempt %d on version %s %s; retrying in %.0f ms",
+                      self.store.uri, attempt + 1, None if base is None else base.version,
+                      reason, delay * 1000)
+            self._sleep(delay)
+            attempt += 1
+            base = self._reload(base)
+
+    def _safe_try_version(self, version: int) -> Optional[Dict[str, Any]]:
+        try:
+            return self._try_version(version)
+        except (OSError, TimeoutError, CorruptManifestError):
+            return None
+
+    def _reload(self, base: Optional[Snapshot]) -> Optional[Snapshot]:
+        """The newest version after ``base``, or None to load afresh next round."""
+        if base is None:
+            return None
+        try:
+            version = base.version
+            while self.store.exists(version_path(version + 1)):
+                version += 1
+            return base if version == base.version else self.load(version)
+        except (OSError, TimeoutError, CorruptManifestError) as exc:
+            _LOG.info("%s: reload failed (%s); loading afresh", self.store.uri, exc)
+            return None
+
+    # -- maintenance -----------------------------------------------------
+    def referenced(self, snapshot: Snapshot) -> set:
+        """Every object path a version needs."""
+        refs = {version_path(snapshot.version)}
+        for part in snapshot.parts:
+            refs.add(part.path)
+            for entry in self.read_part(part.path):
+                refs.add(entry["path"])
+                refs.update(entry.get("extra_paths", ()))
+        for paths in snapshot.deletes.values():
+            refs.update(paths)
+        for value in snapshot.properties.values():
+            if isinstance(value, dict) and isinstance(value.get("path"), str):
+                refs.add(value["path"])
+        return refs
+
+    def vacuum(self, *, retain_versions: int = 10,
+               older_than: Optional[float] = DEFAULT_VACUUM_GRACE_S,
+               dry_run: bool = False) -> VacuumReport:
+        """Deletes what no retained version references, once past the grace period.
+
+        Args:
+            retain_versions: the newest versions kept (at least 1).
+            older_than: grace period in seconds (or a ``timedelta``): objects
+                and versions younger than this are kept whatever references
+                them, so a commit in flight never loses its files.
+            dry_run: report without deleting.
+        """
+        if retain_versions < 1:
+            raise ValueError(f"vacuum: retain_versions must be >= 1, got {retain_versions}")
+        if isinstance(older_than, datetime.timedelta):
+            older_than = older_than.total_seconds()
+        grace = older_than or 0.0
+        self.store.check_writable()
+        latest = self.latest_version()
+        now = time.time()
+        version_infos = {}
+        for info in self.store.list(VERSIONS):
+            name = info.path.rsplit("/", 1)[-1]
+            if name.endswith(".json") and name[:-5].isdigit():
+                version_infos[int(name[:-5])] = info
+        ordered = sorted(v for v in version_infos if v <= latest)
+        keep = set(ordered[-retain_versions:])
+        for v in ordered:
+            mtime = version_infos[v].mtime
+            if mtime is None or now - mtime < grace:
+                keep.add(v)
+        keep.update(v for v in version_infos if v > latest)
+        referenced = {HINT}
+        for v in sorted(keep):
+            doc = self._try_version(v)
+            if doc is not None:
+                referenced |= self.referenced(self._snapshot(doc))
+        removed, removed_bytes = [], 0
+        removed_versions = []
+        for info in self.store.list(""):
+            path = info.path
+            if path in referenced:
+                continue
+            young = info.mtime is None or now - info.mtime < grace
+            if young:
+                continue
+            if path.startswith(VERSIONS + "/"):
+                name = path.rsplit("/", 1)[-1]
+                if not (name.endswith(".json") and name[:-5].isdigit()):
+                    continue
+                removed_versions.append(int(name[:-5]))
+            elif not (path.startswith(("data/", "deletes/", f"{META}/")) or
+                      path.rsplit("/", 1)[-1].startswith(".tmp-")):
+                continue  # not ours: leave objects we did not write alone
+            removed.append(path)
+            removed_bytes += info.size
+        if not dry_run:
+            # Data first, versions last: a crash midway leaves every kept
+            # version whole.
+            for path in sorted(removed, key=lambda p: p.startswith(VERSIONS)):
+                self.store.delete(path)
+        return VacuumReport(tuple(sorted(removed_versions)), tuple(sorted(removed)),
+                            removed_bytes, tuple(sorted(keep)))

@@ -1,0 +1,179 @@
+"""Versions, the OCC commit, idempotency, bad input and vacuum."""
+
+import json
+import os
+import time
+
+import pyarrow as pa
+import pytest
+
+from beam_supertable import (
+    CommitConflictError, CommitRequest, CorruptManifestError, Manifest, NotATableError,
+    ObjectStore, SchemaMismatchError, Supertable, TableExistsError, VersionNotFoundError)
+from beam_supertable.manifest import HINT, PART_FANOUT, version_path
+
+SCHEMA = pa.schema([("x", pa.int64()), ("s", pa.string())])
+
+
+def _entry(i, rows=1):
+    return {"id": f"sf{i}", "path": f"data/sf{i}.parquet", "rows": rows}
+
+
+@pytest.fixture
+def table(table_location):
+    uri, options = table_location
+    return Supertable.create(uri, SCHEMA, storage_options=options)
+
+
+def test_append_open_history_and_snapshot_isolation(table, table_location):
+    uri, options = table_location
+    v1 = table.append(pa.table({"x": [1, 2], "s": ["a", "b"]}), metadata={"frontier": 10})
+    v2 = table.append(pa.table({"x": [3], "s": ["c"]}))
+    assert (v1, v2) == (1, 2)
+    old = Supertable.open(uri, version=1, storage_options=options)
+    table.append(pa.table({"x": [4], "s": ["d"]}))
+    assert old.count_rows() == 2 and sorted(old.to_arrow()["x"].to_pylist()) == [1, 2]
+    latest = Supertable.open(uri, storage_options=options)
+    assert latest.version == 3 and latest.count_rows() == 4
+    ids = latest.to_arrow()["_id"].to_pylist()
+    assert len(set(ids)) == 4
+    history = latest.history()
+    assert [h["version"] for h in history] == [0, 1, 2, 3]
+    assert history[1]["metadata"] == {"frontier": 10}
+    assert history[1]["operation"] == "append" and history[0]["operation"] == "create"
+    assert table.append(pa.table({"x": pa.array([], pa.int64())})) == 3  # empty: no commit
+
+
+def test_create_twice_and_bad_paths(table, table_location, tmp_path):
+    uri, options = table_location
+    with pytest.raises(TableExistsError):
+        Supertable.create(uri, SCHEMA, storage_options=options)
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "f.txt").write_text("hi")
+    with pytest.raises(NotATableError, match="not a supertable"):
+        Supertable.open(str(tmp_path / "plain"))
+    with pytest.raises(VersionNotFoundError, match="version 7 does not exist"):
+        Supertable.open(uri, version=7, storage_options=options)
+
+
+def test_corrupt_and_truncated_manifests_name_the_object(table, table_location):
+    uri, options = table_location
+    table.append(pa.table({"x": [1], "s": ["a"]}))
+    store = ObjectStore(uri, options)
+    good = store.get(version_path(1))
+    store.put(version_path(1), good[: len(good) // 2])
+    with pytest.raises(CorruptManifestError, match="00000000000000000001.json"):
+        Supertable.open(uri, version=1, storage_options=options)
+    store.put(version_path(1), good.replace(b'"rows":1', b'"rows":9'))
+    with pytest.raises(CorruptManifestError, match="does not match"):
+        Supertable.open(uri, version=1, storage_options=options)
+
+
+def test_schema_change_needs_the_explicit_option(table):
+    wider = pa.schema(list(table.schema) + [pa.field("y", pa.float64())])
+    with pytest.raises(SchemaMismatchError, match="allow_schema_change"):
+        table.commit(CommitRequest(operation="alter", schema=wider))
+    assert table.commit(CommitRequest(operation="alter", schema=wider,
+                                      allow_schema_change=True)) == 1
+    with pytest.raises(SchemaMismatchError, match="'x' has type"):
+        table.append(pa.table({"x": ["not an int"]}))
+
+
+def test_lost_race_rebases_and_both_commits_land(table, table_location):
+    uri, options = table_location
+    first = Manifest(ObjectStore(uri, options))
+    second = Manifest(ObjectStore(uri, options))
+    base = second.load()
+    first.commit(CommitRequest(add_entries=(_entry(1),)))
+    landed = second.commit(CommitRequest(add_entries=(_entry(2),)), base=base)
+    assert landed.version == 2
+    assert sorted(e["id"] for e in landed.entries()) == ["sf1", "sf2"]
+
+
+def test_metadata_stamps_rebase_and_real_conflicts_fail(table, table_location):
+    uri, options = table_location
+    a, b = Manifest(ObjectStore(uri, options)), Manifest(ObjectStore(uri, options))
+    base = b.load()
+    grid = {"path": "_supertable/grid/g1.npy", "n_cells": 4}
+    a.commit(CommitRequest(operation="stamp", set_properties={"grid": grid}))
+    # The same stamp on a stale base re-applies cleanly...
+    assert b.commit(CommitRequest(set_properties={"grid": grid},
+                                  add_entries=(_entry(1),)), base=base).version == 2
+    # ...a different one is a real conflict, reported with both values.
+    with pytest.raises(CommitConflictError, match="already"):
+        b.commit(CommitRequest(set_properties={"grid": {**grid, "n_cells": 8}}))
+
+
+def test_token_makes_a_retried_commit_land_once(table, table_location):
+    uri, options = table_location
+    m = Manifest(ObjectStore(uri, options))
+    first = m.commit(CommitRequest(add_entries=(_entry(1),), token="job-1/window-0"))
+    m.commit(CommitRequest(add_entries=(_entry(2),)))
+    again = m.commit(CommitRequest(add_entries=(_entry(1),), token="job-1/window-0"))
+    assert again.version == first.version == 1
+    assert m.load().totals["superfiles"] == 2
+
+
+def test_token_found_beyond_the_recent_window_with_base_version(table, table_location):
+    uri, options = table_location
+    m = Manifest(ObjectStore(uri, options))
+    m.commit(CommitRequest(add_entries=(_entry(0),), token="old"))
+    from beam_supertable import manifest as mf
+    window, mf.RECENT_TOKENS = mf.RECENT_TOKENS, 3
+    try:
+        for i in range(6):
+            m.commit(CommitRequest(add_entries=(_entry(i + 1),)))
+        assert m.commit(CommitRequest(add_entries=(_entry(0),), token="old",
+                                      base_version=0)).version == 1
+    finally:
+        mf.RECENT_TOKENS = window
+
+
+def test_latest_is_found_from_a_stale_or_missing_hint(table, table_location):
+    uri, options = table_location
+    for i in range(3):
+        table.append(pa.table({"x": [i], "s": ["a"]}))
+    store = ObjectStore(uri, options)
+    store.put(HINT, json.dumps({"version": 1}).encode())
+    assert Manifest(store).latest_version() == 3
+    store.delete(HINT)
+    assert Manifest(store).latest_version() == 3
+
+
+def test_commits_reuse_parts_and_merge_them_logarithmically(table, table_location):
+    uri, options = table_location
+    m = Manifest(ObjectStore(uri, options))
+    for i in range(PART_FANOUT ** 2 + 3):
+        snap = m.commit(CommitRequest(add_entries=(_entry(i),)))
+    assert len(snap.parts) <= 2 * (PART_FANOUT - 1)
+    assert sorted(e["id"] for e in snap.entries()) == sorted(
+        f"sf{i}" for i in range(PART_FANOUT ** 2 + 3))
+    before = {p.path for p in snap.parts}
+    after = m.commit(CommitRequest(add_entries=(_entry("x"),)))
+    assert before <= {p.path for p in after.parts}  # unchanged parts referenced, not rewritten
+
+
+def test_vacuum_keeps_retained_and_young_objects(tmp_path):
+    uri = str(tmp_path / "t")
+    table = Supertable.create(uri, SCHEMA)
+    for i in range(4):
+        table.append(pa.table({"x": [i], "s": ["a"]}))
+    orphan = tmp_path / "t" / "data" / "orphan.sf.parquet"
+    orphan.write_bytes(b"x")
+    foreign = tmp_path / "t" / "notes.txt"
+    foreign.write_text("not ours")
+    young = table.vacuum(retain_versions=1)  # default grace: everything is young
+    assert young.removed_objects == ()
+    old = time.time() - 3600
+    for root, _, files in os.walk(tmp_path / "t"):
+        for name in files:
+            os.utime(os.path.join(root, name), (old, old))
+    report = table.vacuum(retain_versions=2, older_than=60)
+    assert report.removed_versions == (0, 1, 2)
+    assert "data/orphan.sf.parquet" in report.removed_objects
+    assert foreign.exists()
+    latest = Supertable.open(uri)
+    assert latest.count_rows() == 4 and latest.to_arrow().num_rows == 4
+    assert Supertable.open(uri, version=3).to_arrow().num_rows == 3
+    with pytest.raises(VersionNotFoundError):
+        Supertable.open(uri, version=1)
