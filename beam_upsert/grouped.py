@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import apache_beam as beam
 from apache_beam import pvalue
-from apache_beam.transforms.window import TimestampedValue
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.windowed_value import WindowedValue
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_upsert.metrics import UpsertCounters
 from beam_upsert.model import KeyState, apply_times, resolve_prior, transition_changes
 from beam_upsert.prepare import CMD, INVALID_TAG, PRIOR, decode_key
 
+
+# Output goes to the global window (the transform re-windows its input there);
+# building WindowedValues directly skips a window assignment per change.
+GLOBAL_WINDOWS = (GlobalWindow(),)
 
 class GroupedUpsertFn(beam.DoFn):
     """Applies all of one key's commands, grouped, on top of its prior value."""
@@ -46,4 +51,4 @@ class GroupedUpsertFn(beam.DoFn):
                     stamps.clear()
                 ts = stamps[at] = Timestamp(micros=at)
             for change in transition_changes(key, old, new):
-                yield TimestampedValue(change, ts)
+                yield WindowedValue(change, ts, GLOBAL_WINDOWS)

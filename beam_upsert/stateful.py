@@ -14,7 +14,8 @@ from apache_beam import pvalue
 from apache_beam.coders import coders
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, TimerSpec, on_timer
-from apache_beam.transforms.window import TimestampedValue
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.windowed_value import WindowedValue
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_upsert.metrics import UpsertCounters
@@ -23,6 +24,10 @@ from beam_upsert.prepare import CMD, INVALID_TAG, PRIOR, STATE, decode_key
 
 COUNTS_TAG = "counts"
 
+
+# Output goes to the global window (the transform re-windows its input there);
+# building WindowedValues directly skips a window assignment per change.
+GLOBAL_WINDOWS = (GlobalWindow(),)
 
 class StatefulUpsertFn(beam.DoFn):
     """Applies commands per key when the watermark passes their time."""
@@ -92,7 +97,7 @@ class StatefulUpsertFn(beam.DoFn):
                     self._stamps.clear()
                 ts = self._stamps[at] = Timestamp(micros=at)
             for change in transition_changes(key, old, new):
-                yield TimestampedValue(change, ts)
+                yield WindowedValue(change, ts, GLOBAL_WINDOWS)
         # Counters bumped inside timer callbacks are lost by the streaming
         # DirectRunner, so a firing reports its counts as one element.
         yield pvalue.TaggedOutput(
