@@ -371,7 +371,8 @@ class Manifest:
                     return self._snapshot(doc)
         return None
 
-    def _rebase(self, base: Snapshot, req: CommitRequest) -> Dict[str, Any]:
+    def _rebase(self, base: Snapshot, req: CommitRequest,
+                own_part: Optional[PartRef]) -> Dict[str, Any]:
         """Builds the next version document from ``base``; raises on a real conflict."""
         schema = base.schema
         if req.schema is not None and not req.schema.equals(base.schema):
@@ -395,8 +396,8 @@ class Manifest:
             deletes.setdefault(sf, []).append(path)
         parts = list(base.parts)
         rows = sum(e["rows"] for e in req.add_entries)
-        if req.add_entries:
-            parts.append(self._write_part(list(req.add_entries), level=0))
+        if own_part is not None:
+            parts.append(own_part)
             parts = self._merge_parts(parts)
         missing = [sf for sf in req.add_deletes if sf not in known and not self._has_superfile(parts, sf)]
         if missing:
@@ -447,9 +448,14 @@ class Manifest:
         """
         self.store.check_writable()
         attempt = 0
+        own_part = None
         while True:
             doc = None
             try:
+                if own_part is None and req.add_entries:
+                    # Written once, outside the race: a lost race only rebuilds
+                    # the small version document (and any merge it implies).
+                    own_part = self._write_part(list(req.add_entries), level=0)
                 if base is None:
                     base = self.load()
                 if req.token is not None:
@@ -458,7 +464,7 @@ class Manifest:
                         _LOG.info("%s: commit token %s already landed at version %d",
                                   self.store.uri, req.token, landed.version)
                         return landed
-                doc = self._rebase(base, req)
+                doc = self._rebase(base, req, own_part)
                 self.store.put_if_absent(version_path(doc["version"]), seal(doc))
                 self._write_hint(doc["version"])
                 return self._snapshot(doc)

@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 
 from beam_supertable.errors import SchemaMismatchError
 from beam_supertable.ids import new_ids
-from beam_supertable.manifest import CommitRequest, Manifest, Snapshot, VacuumReport
+from beam_supertable.manifest import (
+    DEFAULT_MAX_RETRIES, CommitRequest, Manifest, Snapshot, VacuumReport)
 from beam_supertable.store import ObjectStore
 
 __all__ = ["Supertable"]
@@ -161,15 +162,24 @@ class Supertable:
         }
 
     def append(self, data: Data, *, token: Optional[str] = None,
-               metadata: Optional[Dict[str, Any]] = None) -> int:
-        """Appends rows as one commit; returns the new version (a no-op when empty)."""
+               metadata: Optional[Dict[str, Any]] = None,
+               max_retries: int = DEFAULT_MAX_RETRIES) -> int:
+        """Appends rows as one commit; returns the new version (a no-op when empty).
+
+        Args:
+            token: idempotency token; appending again with a token that already
+                landed returns that version and commits nothing.
+            metadata: JSON data kept in the commit info (e.g. a source frontier).
+            max_retries: lost races retried before CommitConflictError.
+        """
         table = self._conform(data)
         if table.num_rows == 0:
             return self.version
         entry = self.write_superfile(table)
         return self.commit(CommitRequest(
             operation="append", add_entries=(entry,), token=token,
-            metadata=dict(metadata or {}), base_version=self.version))
+            metadata=dict(metadata or {}), base_version=self.version),
+            max_retries=max_retries)
 
     def commit(self, request: CommitRequest, **kwargs) -> int:
         """Commits a prepared request; this handle moves to the new version."""

@@ -1,0 +1,77 @@
+"""Real OS processes: concurrent committers, and a writer killed mid-commit."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pyarrow as pa
+import pytest
+
+from beam_supertable import Manifest, ObjectStore, Supertable
+from beam_supertable.manifest import version_path
+from tests.conftest import s3_options
+
+SCHEMA = pa.schema([("writer", pa.string()), ("seq", pa.int64())])
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+WRITERS, COMMITS = 8, 25
+
+
+def _spawn(*args):
+    return subprocess.Popen([sys.executable, "-m", "tests.beam_supertable.writer_proc", *args],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
+def location(request, tmp_path):
+    if request.param == "local":
+        return str(tmp_path / "table"), None
+    endpoint = request.getfixturevalue("s3_server")
+    bucket = request.getfixturevalue("s3_bucket")
+    return f"s3://{bucket}/table", s3_options(endpoint)
+
+
+@pytest.mark.slow
+def test_eight_processes_commit_200_versions_without_gaps(location):
+    uri, options = location
+    Supertable.create(uri, SCHEMA, storage_options=options)
+    procs = [_spawn("append", uri, json.dumps(options), f"w{i}", str(COMMITS))
+             for i in range(WRITERS)]
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+        assert "DONE" in out
+    store = ObjectStore(uri, options)
+    manifest = Manifest(store)
+    assert manifest.latest_version() == WRITERS * COMMITS
+    for v in range(WRITERS * COMMITS + 1):
+        assert store.exists(version_path(v)), f"gap at version {v}"
+    rows = Supertable.open(uri, storage_options=options).to_arrow().to_pylist()
+    seen = sorted((r["writer"], r["seq"]) for r in rows)
+    assert seen == sorted((f"w{i}", s) for i in range(WRITERS) for s in range(COMMITS))
+    tokens = [h["token"] for h in manifest.history()[1:]]
+    assert len(tokens) == len(set(tokens)) == WRITERS * COMMITS
+
+
+def test_writer_killed_before_commit_leaves_the_table_whole(location):
+    uri, options = location
+    table = Supertable.create(uri, SCHEMA, storage_options=options)
+    table.append(pa.table({"writer": ["kept"], "seq": [1]}))
+    before = {o.path for o in ObjectStore(uri, options).list("")}
+    proc = _spawn("upload-then-hang", uri, json.dumps(options))
+    line = proc.stdout.readline()
+    assert line.strip() == "UPLOADED", proc.stderr.read()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    store = ObjectStore(uri, options)
+    orphans = {o.path for o in store.list("")} - before
+    assert len(orphans) == 1 and next(iter(orphans)).startswith("data/")
+    reopened = Supertable.open(uri, storage_options=options)
+    assert reopened.version == 1
+    assert reopened.to_arrow().to_pylist()[0]["writer"] == "kept"
+    report = reopened.vacuum(retain_versions=10, older_than=0)
+    assert set(report.removed_objects) == orphans
+    assert {o.path for o in store.list("")} == before - {"_supertable/latest.json"} | (
+        before & {"_supertable/latest.json"})
+    assert Supertable.open(uri, storage_options=options).to_arrow().num_rows == 1

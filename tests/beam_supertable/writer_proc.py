@@ -1,0 +1,37 @@
+"""A real writer process for the concurrency and crash tests.
+
+    python -m tests.beam_supertable.writer_proc append URI OPTIONS_JSON WRITER N
+    python -m tests.beam_supertable.writer_proc upload-then-hang URI OPTIONS_JSON
+"""
+
+import json
+import sys
+import time
+
+import pyarrow as pa
+
+from beam_supertable import Supertable
+
+
+def main(argv):
+    import logging, os
+    if os.environ.get("WRITER_LOG"):
+        logging.basicConfig(level=logging.INFO)
+    mode, uri, options = argv[0], argv[1], json.loads(argv[2]) or None
+    table = Supertable.open(uri, storage_options=options)
+    if mode == "append":
+        writer, n = argv[3], int(argv[4])
+        for seq in range(n):
+            # Eight writers on one table lose many races; a generous budget
+            # keeps every writer going (the token keeps retries exact).
+            table.append(pa.table({"writer": [writer], "seq": [seq]}),
+                         token=f"{writer}/{seq}", max_retries=100)
+        print("DONE", flush=True)
+    elif mode == "upload-then-hang":
+        table.write_superfile(table._conform(pa.table({"writer": ["doomed"], "seq": [0]})))
+        print("UPLOADED", flush=True)
+        time.sleep(600)  # the test kills us here, before the commit
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
