@@ -1,7 +1,7 @@
 """A table of Parquet superfiles on any fsspec object store, committed with OCC."""
 
 from beam_supertable.errors import (
-    AlreadyExists, CommitConflictError, CorruptManifestError, NotATableError,
+    AlreadyExists, CommitConflictError, CorruptManifestError, MemoryBudgetError, NotATableError,
     SchemaMismatchError, SupertableError, TableExistsError, UnsafeBackendError,
     VersionNotFoundError)
 from beam_supertable.manifest import CommitRequest, Manifest, Snapshot, VacuumReport
@@ -10,7 +10,7 @@ from beam_supertable.table import Supertable
 
 __all__ = [
     "AlreadyExists", "CommitConflictError", "CommitRequest", "CorruptManifestError",
-    "Manifest", "NotATableError", "ObjectInfo", "ObjectStore", "SchemaMismatchError",
+    "Manifest", "MemoryBudgetError", "NotATableError", "ObjectInfo", "ObjectStore", "SchemaMismatchError",
     "Snapshot", "Supertable", "SupertableError", "TableExistsError", "UnsafeBackendError",
     "VacuumReport", "VersionNotFoundError",
 ]

@@ -35,3 +35,7 @@ class CommitConflictError(SupertableError):
 
 class SchemaMismatchError(SupertableError, ValueError):
     """Data or a commit does not match the table's schema."""
+
+
+class MemoryBudgetError(SupertableError, MemoryError):
+    """An operation would exceed its memory budget; nothing was written."""

@@ -147,6 +147,9 @@ class CommitRequest:
         metadata: user metadata kept in the commit info (e.g. a frontier).
         base_version: the version the writer read; tokens are also searched
             back to it (beyond the recent-token window) when given.
+        deleted_rows: rows the new deletion vectors remove (kept in the totals).
+        expected_deletes: per superfile gaining a deletion vector, how many it
+            had when the writer read it; a concurrent delete is a conflict.
     """
 
     operation: str = "append"
@@ -159,6 +162,8 @@ class CommitRequest:
     token: Optional[str] = None
     metadata: Dict[str, Any] = dataclasses.field(default_factory=dict)
     base_version: Optional[int] = None
+    deleted_rows: int = 0
+    expected_deletes: Dict[str, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for entry in self.add_entries:
@@ -313,7 +318,8 @@ class Manifest:
         """Creates version 0; raises TableExistsError when a table is there."""
         self.store.check_writable()
         doc = self._document(0, schema, dict(properties or {}), [], {},
-                             {"rows": 0, "superfiles": 0}, "create", None, metadata or {}, [])
+                             {"rows": 0, "superfiles": 0, "deleted": 0}, "create", None,
+                             metadata or {}, [])
         try:
             self.store.put_if_absent(version_path(0), seal(doc))
         except AlreadyExists as exc:
@@ -391,6 +397,11 @@ class Manifest:
                     f"stamped it first; reload and rebuild against it)")
             properties[name] = value
         known = {e["id"] for e in req.add_entries}
+        for sf, count in req.expected_deletes.items():
+            if len(base.deletes.get(sf, [])) != count:
+                raise CommitConflictError(
+                    f"{self.store.uri}: superfile {sf} gained deletion vectors since this "
+                    f"commit read it (version {base.version}); re-run the mutation")
         deletes = {k: list(v) for k, v in base.deletes.items()}
         for sf, path in req.add_deletes.items():
             deletes.setdefault(sf, []).append(path)
@@ -407,6 +418,7 @@ class Manifest:
         totals = {
             "rows": base.totals.get("rows", 0) + rows,
             "superfiles": base.totals.get("superfiles", 0) + len(req.add_entries),
+            "deleted": base.totals.get("deleted", 0) + req.deleted_rows,
         }
         recent = list(base.recent_tokens)
         if req.token is not None:

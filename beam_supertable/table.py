@@ -1,90 +1,135 @@
-"""``Supertable``: create, open, append, read, history and vacuum."""
+"""``Supertable``: create, open, append, read, search, delete, history, vacuum."""
 
 from __future__ import annotations
 
 import datetime
-import io
-import uuid
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+import logging
+import re
+from typing import Any, Dict, List, Optional, Sequence, Union
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
+import pyarrow.dataset as ds
 
-from beam_supertable.errors import SchemaMismatchError
-from beam_supertable.ids import new_ids
+from beam_supertable import deletes as dv
+from beam_supertable import search as search_mod
+from beam_supertable.errors import (
+    CommitConflictError, MemoryBudgetError, SchemaMismatchError, SupertableError)
 from beam_supertable.manifest import (
     DEFAULT_MAX_RETRIES, CommitRequest, Manifest, Snapshot, VacuumReport)
+from beam_supertable.reader import IOStats, SuperfileReader
+from beam_supertable.schema import ID, Data, conform, vector_dim
 from beam_supertable.store import ObjectStore
+from beam_supertable.superfile import VectorSpec
+from beam_supertable.vector import grid as grid_mod
+from beam_supertable.vector.metric import check_metric, prepare
+from beam_supertable.writer import TARGET_SUPERFILE_BYTES, Layout, write_superfiles
 
 __all__ = ["Supertable"]
 
-ID = "_id"
-DATA = "data"
-
-Data = Union[pa.Table, pa.RecordBatch, Sequence[pa.RecordBatch]]
-
-
-def _column_stats(table: pa.Table) -> Dict[str, List[Any]]:
-    stats = {}
-    for name in table.column_names:
-        col = table.column(name)
-        t = col.type
-        if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_string(t)
-                or pa.types.is_boolean(t) or pa.types.is_timestamp(t) or pa.types.is_date(t)):
-            continue
-        mm = pc.min_max(col)
-        lo, hi = mm["min"].as_py(), mm["max"].as_py()
-        if isinstance(lo, (datetime.datetime, datetime.date)):
-            lo, hi = lo.isoformat(), hi.isoformat()
-        if isinstance(lo, float) and (lo != lo or hi != hi):
-            continue
-        stats[name] = [lo, hi]
-    return stats
+_LOG = logging.getLogger(__name__)
+APPEND_MEMORY_FACTOR = 4   # peak bytes of an append ≈ this × the input's Arrow bytes
 
 
 class Supertable:
-    """A table of immutable Parquet superfiles published by OCC commits.
+    """A table of immutable Parquet superfiles with vector and text indexes.
 
     Example::
 
-        t = Supertable.create("memory://t", pa.schema([("x", pa.int64())]))
-        t.append(pa.table({"x": [1, 2, 3]}))
-        Supertable.open("memory://t").count_rows()   # 3
+        schema = pa.schema([("body", pa.string()), ("emb", pa.list_(pa.float32(), 4))])
+        t = Supertable.create("memory://docs", schema, vector_column="emb",
+                              fts_columns=["body"])
+        t.append(pa.table({"body": ["a cat", "a dog"],
+                           "emb": [[1, 0, 0, 0], [0, 1, 0, 0]]}))
+        t.search(vector=[1, 0, 0, 0], k=1)        # the cat, with _distance
+        t.search(text="dog", k=1)                 # the dog, with _score
+
+    Note:
+        A handle reads one version (snapshot isolation); ``refresh()`` moves
+        it to the latest. Writes through a handle move it to the version they
+        commit.
     """
 
     def __init__(self, store: ObjectStore, snapshot: Snapshot) -> None:
         self._store = store
         self._manifest = snapshot.manifest
         self._snapshot = snapshot
+        self._readers: Dict[str, SuperfileReader] = {}
+        self._grid: Optional[np.ndarray] = None
+        self._bloom_cache: dict = {}
+        self._deleted: Dict[str, np.ndarray] = {}
+        self.io = IOStats()
 
     # -- opening ---------------------------------------------------------
     @classmethod
-    def create(cls, uri: str, schema: pa.Schema, *, storage_options: Optional[dict] = None,
-               single_writer: bool = False, properties: Optional[dict] = None) -> "Supertable":
-        """Creates an empty table; raises TableExistsError if one is there."""
+    def create(cls, uri: str, schema: pa.Schema, vector_column: Optional[str] = None,
+               metric: str = "l2", fts_columns: Sequence[str] = (),
+               n_cells: Optional[int] = None, storage_options: Optional[dict] = None, *,
+               replica_factor: float = 0.0, stop_words: Sequence[str] = (),
+               target_superfile_bytes: int = TARGET_SUPERFILE_BYTES,
+               single_writer: bool = False) -> "Supertable":
+        """Creates an empty table; raises TableExistsError if one is there.
+
+        Args:
+            schema: the user columns (``_id`` is added and reserved).
+            vector_column: a ``fixed_size_list<float>`` column to index.
+            metric: ``"l2"`` (squared Euclidean), ``"cosine"`` or ``"dot"``.
+            fts_columns: string columns indexed together for BM25.
+            n_cells: grid size; by default about sqrt(rows of the first commit).
+            replica_factor: share of rows also posted to their second-nearest
+                cell (vector-only), for rows within that share of the boundary.
+            stop_words: words the tokenizer drops (none by default).
+        """
         if ID in schema.names:
             raise SchemaMismatchError(f"{uri}: column {ID!r} is reserved for row ids")
+        check_metric(metric)
+        props: Dict[str, Any] = {"target_superfile_bytes": int(target_superfile_bytes)}
+        if vector_column is not None:
+            if vector_column not in schema.names:
+                raise SchemaMismatchError(
+                    f"{uri}: vector_column {vector_column!r} is not in the schema {schema.names}")
+            dim = vector_dim(schema.field(vector_column))
+            props["vector"] = {"column": vector_column, "dim": dim, "metric": metric,
+                               "n_cells": n_cells, "replica_factor": float(replica_factor)}
+        if fts_columns:
+            for c in fts_columns:
+                if c not in schema.names:
+                    raise SchemaMismatchError(f"{uri}: fts column {c!r} is not in the schema")
+                t = schema.field(c).type
+                if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
+                    raise SchemaMismatchError(f"{uri}: fts column {c!r} must be a string, got {t}")
+            props["fts"] = {"columns": list(fts_columns),
+                            "stop_words": sorted({w.casefold() for w in stop_words})}
         store = ObjectStore(uri, storage_options, single_writer=single_writer)
         full = pa.schema([pa.field(ID, pa.int64(), nullable=False)] + list(schema))
-        snapshot = Manifest(store).create(full, properties or {})
-        return cls(store, snapshot)
+        return cls(store, Manifest(store).create(full, props))
 
     @classmethod
-    def open(cls, uri: str, version: Optional[int] = None, *,
-             storage_options: Optional[dict] = None, single_writer: bool = False) -> "Supertable":
+    def open(cls, uri: str, version: Optional[int] = None,
+             storage_options: Optional[dict] = None, *,
+             single_writer: bool = False) -> "Supertable":
         """Opens one version (the latest by default): a consistent snapshot."""
         store = ObjectStore(uri, storage_options, single_writer=single_writer)
         return cls(store, Manifest(store).load(version))
 
     def refresh(self) -> "Supertable":
-        """This table at its latest version."""
-        return Supertable(self._store, self._manifest.load())
+        """This handle, moved to the latest version."""
+        self._snapshot = self._manifest.load()
+        return self
+
+    def checkout(self, version: int) -> "Supertable":
+        """Another handle on ``version`` of the same table."""
+        return Supertable(self._store, self._manifest.load(version))
 
     # -- metadata --------------------------------------------------------
     @property
     def uri(self) -> str:
         return self._store.uri
+
+    @property
+    def store(self) -> ObjectStore:
+        return self._store
 
     @property
     def version(self) -> int:
@@ -102,89 +147,154 @@ class Supertable:
     def properties(self) -> Dict[str, Any]:
         return dict(self._snapshot.properties)
 
+    @property
+    def user_schema(self) -> pa.Schema:
+        return pa.schema([f for f in self.schema if f.name != ID])
+
     def history(self) -> List[Dict[str, Any]]:
         return self._manifest.history()
 
-    # -- writing ---------------------------------------------------------
-    def _conform(self, data: Data) -> pa.Table:
-        if isinstance(data, pa.RecordBatch):
-            table = pa.Table.from_batches([data])
-        elif isinstance(data, pa.Table):
-            table = data
-        else:
-            batches = list(data)
-            table = pa.Table.from_batches(batches) if batches else None
-        user = pa.schema([f for f in self.schema if f.name != ID])
-        if table is None:
-            return user.empty_table()
-        extra = [n for n in table.column_names if n not in user.names]
-        if extra:
-            raise SchemaMismatchError(
-                f"{self.uri}: column(s) {extra} are not in the table schema {user.names}")
-        cols = []
-        for field in user:
-            if field.name not in table.column_names:
-                if not field.nullable:
-                    raise SchemaMismatchError(
-                        f"{self.uri}: non-nullable column {field.name!r} is missing")
-                cols.append(pa.nulls(table.num_rows, field.type))
-                continue
-            col = table.column(field.name)
-            if not col.type.equals(field.type):
-                try:
-                    col = col.cast(field.type, safe=True)
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                    raise SchemaMismatchError(
-                        f"{self.uri}: column {field.name!r} has type {col.type}, the table "
-                        f"wants {field.type}: {exc}") from exc
-            if not field.nullable and col.null_count:
-                row = pc.index(pc.is_null(col), True).as_py()
-                raise SchemaMismatchError(
-                    f"{self.uri}: column {field.name!r} is not nullable but row {row} is null")
-            cols.append(col)
-        return pa.table(cols, schema=user)
+    def _vector_props(self) -> Optional[dict]:
+        return self._snapshot.properties.get("vector")
 
-    def write_superfile(self, table: pa.Table) -> dict:
-        """Uploads one superfile (rows get fresh ids); returns its manifest entry."""
-        ids = new_ids(table.num_rows)
-        full = table.add_column(0, pa.field(ID, pa.int64(), nullable=False), pa.array(ids))
-        buf = io.BytesIO()
-        pq.write_table(full, buf, compression="zstd")
-        data = buf.getvalue()
-        sf = uuid.uuid4().hex
-        path = f"{DATA}/{sf}.sf.parquet"
+    def _fts_props(self) -> Optional[dict]:
+        return self._snapshot.properties.get("fts")
+
+    def layout(self) -> Layout:
+        vp, fp = self._vector_props(), self._fts_props()
+        return Layout(
+            vector=VectorSpec(vp["column"], vp["metric"], vp["dim"]) if vp else None,
+            fts_columns=tuple(fp["columns"]) if fp else (),
+            stop_words=frozenset(fp.get("stop_words", ())) if fp else frozenset(),
+            replica_factor=vp.get("replica_factor", 0.0) if vp else 0.0,
+            target_bytes=self._snapshot.properties.get("target_superfile_bytes",
+                                                       TARGET_SUPERFILE_BYTES))
+
+    # -- the grid ----------------------------------------------------------
+    def grid(self) -> Optional[np.ndarray]:
+        """The table's cell centroids, or None before the first vector commit."""
+        ref = self._snapshot.properties.get("grid")
+        if ref is None:
+            return None
+        if self._grid is None:
+            self._grid = grid_mod.from_bytes(self._store.get(ref["path"]))
+        return self._grid
+
+    def train_grid(self, vectors: np.ndarray) -> tuple:
+        """Trains and uploads a grid for this table; returns (centroids, stamp)."""
+        vp = self._vector_props()
+        n_cells = vp.get("n_cells") or grid_mod.default_n_cells(len(vectors))
+        centroids = grid_mod.train(vectors, n_cells, vp["metric"])
+        data = grid_mod.to_bytes(centroids)
+        path = grid_mod.grid_path()
         self._store.put_if_absent(path, data)
-        return {
-            "id": sf, "path": path, "rows": table.num_rows, "bytes": len(data),
-            "id_min": int(ids.min()) if len(ids) else None,
-            "id_max": int(ids.max()) if len(ids) else None,
-            "stats": _column_stats(full),
-        }
+        stamp = {"path": path, "n_cells": int(len(centroids)), "sha256": grid_mod.fingerprint(data)}
+        return centroids, stamp
 
+    # -- writing ---------------------------------------------------------
     def append(self, data: Data, *, token: Optional[str] = None,
                metadata: Optional[Dict[str, Any]] = None,
-               max_retries: int = DEFAULT_MAX_RETRIES) -> int:
-        """Appends rows as one commit; returns the new version (a no-op when empty).
+               max_retries: int = DEFAULT_MAX_RETRIES, n_shards: Optional[int] = None,
+               memory_budget_bytes: Optional[int] = None) -> int:
+        """Appends rows as one commit; returns the new version.
+
+        Validates everything before writing anything, assigns fresh ``_id`` s,
+        shards the rows into superfiles (``cell % n_shards`` with a vector
+        column, else by size, about 64 MiB of input each), builds and uploads
+        them, and commits once. Appending nothing is a no-op.
 
         Args:
-            token: idempotency token; appending again with a token that already
-                landed returns that version and commits nothing.
-            metadata: JSON data kept in the commit info (e.g. a source frontier).
-            max_retries: lost races retried before CommitConflictError.
+            token: idempotency token; an append whose token already landed
+                returns that version and commits nothing.
+            metadata: JSON data kept in the commit (e.g. a source frontier).
+            memory_budget_bytes: refuse (MemoryBudgetError) an append whose
+                estimated peak memory exceeds this, before writing anything.
+
+        Raises:
+            SchemaMismatchError: data that does not fit the schema; the message
+                names the column and row.
         """
-        table = self._conform(data)
+        vp = self._vector_props()
+        table = conform(self.uri, data, self.user_schema, vp["column"] if vp else None)
         if table.num_rows == 0:
             return self.version
-        entry = self.write_superfile(table)
-        return self.commit(CommitRequest(
-            operation="append", add_entries=(entry,), token=token,
-            metadata=dict(metadata or {}), base_version=self.version),
-            max_retries=max_retries)
+        if memory_budget_bytes is not None:
+            need = table.nbytes * APPEND_MEMORY_FACTOR
+            if need > memory_budget_bytes:
+                raise MemoryBudgetError(
+                    f"{self.uri}: append of {table.num_rows:,} rows needs about {need:,} bytes "
+                    f"({APPEND_MEMORY_FACTOR}x its {table.nbytes:,} Arrow bytes); the budget is "
+                    f"{memory_budget_bytes:,}. Append in smaller batches.")
+        for attempt in range(2):
+            entries, stamp = self.write_superfiles(table, n_shards=n_shards, conformed=True)
+            request = CommitRequest(
+                operation="append", add_entries=tuple(entries), set_properties=stamp,
+                token=token, metadata=dict(metadata or {}), base_version=self.version)
+            try:
+                return self.commit(request, max_retries=max_retries)
+            except CommitConflictError:
+                if not stamp or attempt:
+                    raise
+                # Another writer stamped its grid first: rebuild against it.
+                _LOG.info("%s: a concurrent append stamped the grid; re-assigning cells", self.uri)
+                self.refresh()
+                self._grid = None
+        raise AssertionError("unreachable")
+
+    def write_superfiles(self, data: Data, *, n_shards: Optional[int] = None,
+                         conformed: bool = False) -> tuple:
+        """Validates and uploads superfiles without committing them.
+
+        Returns:
+            ``(entries, properties_to_stamp)``: the manifest entries, and the
+            grid stamp when this write trained the table's first grid. Commit
+            them with ``commit(CommitRequest(add_entries=..., set_properties=...))``;
+            uncommitted superfiles are orphans that ``vacuum`` reclaims.
+        """
+        vp = self._vector_props()
+        table = data if conformed else conform(
+            self.uri, data, self.user_schema, vp["column"] if vp else None)
+        stamp, centroids, grid_id = {}, None, None
+        if vp is not None and table.num_rows:
+            centroids = self.grid()
+            if centroids is None:
+                from beam_supertable.superfile import vectors_of
+                centroids, grid_ref = self.train_grid(vectors_of(table, vp["column"], vp["dim"]))
+                stamp = {"grid": grid_ref}
+            grid_id = (stamp.get("grid") or self._snapshot.properties["grid"])["sha256"]
+        if table.num_rows == 0:
+            return [], stamp
+        return write_superfiles(self._store, table, self.layout(), centroids, grid_id,
+                                n_shards), stamp
 
     def commit(self, request: CommitRequest, **kwargs) -> int:
-        """Commits a prepared request; this handle moves to the new version."""
+        """Commits a prepared request; this handle moves to the version it landed in."""
         self._snapshot = self._manifest.commit(request, **kwargs)
         return self._snapshot.version
+
+    def delete(self, filter: pc.Expression, *, token: Optional[str] = None) -> int:  # noqa: A002
+        """Deletes the rows matching ``filter`` with deletion vectors, in one commit."""
+        add, expected, count = {}, {}, 0
+        for e in self.superfiles():
+            if not _may_match(e, filter):
+                continue
+            table = self._reader(e).read()
+            mask = ds.dataset(table).to_table(columns={"m": filter})["m"]
+            rows = np.where(np.asarray(pc.fill_null(mask, False).to_numpy(zero_copy_only=False),
+                                       dtype=bool))[0]
+            rows = np.setdiff1d(rows, self._deleted_rows(e))
+            if len(rows) == 0:
+                continue
+            path = dv.new_path()
+            self._store.put_if_absent(path, dv.encode(rows))
+            add[e["id"]] = path
+            expected[e["id"]] = len(self._snapshot.deletes.get(e["id"], []))
+            count += len(rows)
+        if not add:
+            return self.version
+        return self.commit(CommitRequest(operation="delete", add_deletes=add,
+                                         expected_deletes=expected, deleted_rows=count,
+                                         token=token, base_version=self.version))
 
     def vacuum(self, *, retain_versions: int = 10,
                older_than: Union[float, datetime.timedelta, None] = None) -> VacuumReport:
@@ -195,20 +305,235 @@ class Supertable:
     def superfiles(self) -> List[dict]:
         return self._snapshot.entries()
 
+    def _reader(self, entry: dict) -> SuperfileReader:
+        reader = self._readers.get(entry["path"])
+        if reader is None:
+            reader = self._readers[entry["path"]] = SuperfileReader(self._store, entry, self.io)
+        return reader
+
+    def _deleted_rows(self, entry: dict) -> np.ndarray:
+        paths = self._snapshot.deletes.get(entry["id"], [])
+        key = "|".join(paths)
+        if key not in self._deleted:
+            rows = [dv.decode(self._store.get(p), f"{self.uri}/{p}") for p in paths]
+            self._deleted[key] = np.unique(np.concatenate(rows)) if rows else np.zeros(0, np.int64)
+        return self._deleted[key]
+
     def to_arrow(self, columns: Optional[Sequence[str]] = None,
-                 filter: Optional[pc.Expression] = None) -> pa.Table:  # noqa: A002 - Beam/pyarrow name
-        """All rows of this version (with ``_id``), optionally projected and filtered."""
-        tables = []
-        for entry in self.superfiles():
-            with self._store.fs.open(self._store.full(entry["path"]), "rb") as f:
-                t = pq.read_table(f, columns=list(columns) if columns else None, filters=filter)
-            tables.append(t)
-        if not tables:
-            schema = self.schema if not columns else pa.schema([self.schema.field(c) for c in columns])
-            return schema.empty_table()
-        return pa.concat_tables(tables)
+                 filter: Optional[pc.Expression] = None) -> pa.Table:  # noqa: A002
+        """Rows of this version (with ``_id`` unless ``columns`` leaves it out).
+
+        Superfiles whose column statistics rule the filter out are not read.
+        """
+        names = list(columns) if columns else self.schema.names
+        unknown = [c for c in names if c not in self.schema.names]
+        if unknown:
+            raise SchemaMismatchError(f"{self.uri}: unknown column(s) {unknown}")
+        out = []
+        for e in self.superfiles():
+            if filter is not None and not _may_match(e, filter):
+                continue
+            out.append(self.read_superfile(e, names, filter))
+        if not out:
+            return pa.schema([self.schema.field(c) for c in names]).empty_table()
+        return pa.concat_tables(out)
+
+    def read_superfile(self, entry: dict, columns: Sequence[str],
+                       filter: Optional[pc.Expression] = None) -> pa.Table:  # noqa: A002
+        """One superfile's live rows, projected and filtered."""
+        reader = self._reader(entry)
+        table = reader.read()
+        gone = self._deleted_rows(entry)
+        if len(gone):
+            keep = np.ones(table.num_rows, dtype=bool)
+            keep[gone] = False
+            table = table.filter(pa.array(keep))
+        if filter is not None:
+            table = ds.dataset(table).to_table(filter=filter)
+        return table.select(list(columns))
 
     def count_rows(self, filter: Optional[pc.Expression] = None) -> int:  # noqa: A002
         if filter is None:
-            return self._snapshot.totals.get("rows", 0)
-        return self.to_arrow(filter=filter).num_rows
+            return self._snapshot.totals.get("rows", 0) - self._snapshot.totals.get("deleted", 0)
+        return self.to_arrow(columns=[ID], filter=filter).num_rows
+
+    # -- search ------------------------------------------------------------
+    def search(self, vector=None, text: Optional[str] = None, k: int = 10,
+               nprobe: Optional[int] = None, filter: Optional[pc.Expression] = None,  # noqa: A002
+               columns: Optional[Sequence[str]] = None) -> pa.Table:
+        """Nearest neighbours, BM25 matches, or both fused by reciprocal rank.
+
+        Args:
+            vector: one query (1-D) or a batch (2-D); a batch returns one table
+                with a ``_query`` column.
+            text: words rank by BM25 (OR); ``+word`` requires a word; ``"a b"``
+                requires the phrase.
+            k: results per query (> 0).
+            nprobe: cells probed per vector query (default: 8% of the cells).
+            filter: a pyarrow expression rows must pass.
+            columns: user columns to return (default: all).
+
+        Returns:
+            The user columns, ``_id``, and ``_distance`` (vector; smaller is
+            closer) and/or ``_score`` (text BM25; hybrid: the fused score).
+        """
+        if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k <= 0:
+            raise ValueError(f"{self.uri}: k must be a positive int, got {k!r}")
+        if vector is None and text is None:
+            raise ValueError(f"{self.uri}: search needs vector=..., text=... or both")
+        names = [c for c in (columns or self.user_schema.names)]
+        queries = None
+        if vector is not None:
+            vp = self._vector_props()
+            if vp is None:
+                raise SupertableError(f"{self.uri}: the table has no vector column to search")
+            queries = np.asarray(vector, dtype=np.float32)
+            single = queries.ndim == 1
+            queries = queries[None, :] if single else queries
+            if queries.ndim != 2 or queries.shape[1] != vp["dim"]:
+                raise ValueError(
+                    f"{self.uri}: query vector(s) must have {vp['dim']} values, got shape "
+                    f"{np.asarray(vector).shape}")
+            if not np.isfinite(queries).all():
+                raise ValueError(f"{self.uri}: query vector holds NaN or infinity")
+        else:
+            single = True
+        if text is not None:
+            if self._fts_props() is None:
+                raise SupertableError(f"{self.uri}: the table has no text columns to search")
+            if not isinstance(text, str):
+                raise TypeError(f"{self.uri}: text must be a string, got {type(text).__name__}")
+        entries = self.superfiles()
+        if filter is not None:
+            live = [i for i, e in enumerate(entries) if _may_match(e, filter)]
+        else:
+            live = list(range(len(entries)))
+        results = []
+        n_queries = 1 if queries is None else len(queries)
+        for qi in range(n_queries):
+            hits = self._search_one(
+                None if queries is None else queries[qi:qi + 1], text, k, nprobe, filter,
+                [entries[i] for i in live])
+            results.append(hits)
+        return self._materialize(results, names, single, vector is not None, text is not None)
+
+    def _allowed(self, entries, filter):  # noqa: A002
+        masks: Dict[int, tuple] = {}
+
+        def allowed(si: int, rows: np.ndarray) -> np.ndarray:
+            e = entries[si]
+            ok = ~np.isin(rows, self._deleted_rows(e))
+            if filter is not None and ok.any():
+                table = self._reader(e).take(rows)
+                m = ds.dataset(table).to_table(columns={"m": filter})["m"]
+                ok &= np.asarray(pc.fill_null(m, False).to_numpy(zero_copy_only=False), dtype=bool)
+            return ok
+
+        return allowed
+
+    def _search_one(self, query, text, k, nprobe, filter, entries):  # noqa: A002
+        readers = [self._reader(e) for e in entries]
+        allowed = self._allowed(entries, filter)
+        ranked_vec = ranked_text = None
+        depth = k if (query is None or text is None) else max(k * 4, 50)
+        if query is not None:
+            vp = self._vector_props()
+            centroids = self.grid()
+            if centroids is None or not entries:
+                ranked_vec = []
+            else:
+                q = prepare(query, vp["metric"])
+                n_cells = len(centroids)
+                probe = nprobe or search_mod.default_nprobe(n_cells)
+                cells_of = [set(e.get("cells", ())) | set(e.get("replica_cells", ())) for e in entries]
+                while True:
+                    probes = _probe(q, centroids, vp["metric"], probe)
+                    found = search_mod.vector_candidates(
+                        readers, cells_of, q, probes, vp["metric"], depth, allowed)[0]
+                    if len(found) >= depth or probe >= n_cells or nprobe is not None:
+                        break
+                    probe = min(n_cells, probe * 2)  # a selective filter: widen the probe
+                ranked_vec = [(d, si, row) for d, si, row in found]
+        if text is not None:
+            fp = self._fts_props()
+            ranked_text = search_mod.text_candidates(
+                readers, entries, text, depth, fp["columns"], frozenset(fp.get("stop_words", ())),
+                allowed, self._bloom_cache)
+        if ranked_text is None:
+            return [(si, row, d, None) for d, si, row in ranked_vec][:k], entries
+        if ranked_vec is None:
+            return [(si, row, None, s) for s, si, row in ranked_text][:k], entries
+        dist = {(si, row): d for d, si, row in ranked_vec}
+        fused = search_mod.rrf([[(si, row) for _, si, row in ranked_vec],
+                                [(si, row) for _, si, row in ranked_text]], k)
+        return [(si, row, dist.get((si, row)), s) for s, (si, row) in fused], entries
+
+    def _materialize(self, results, names, single, with_vec, with_text) -> pa.Table:
+        tables = []
+        for qi, (hits, entries) in enumerate(results):
+            if not hits:
+                continue
+            parts = []
+            for si in sorted({h[0] for h in hits}):
+                rows = np.array([h[1] for h in hits if h[0] == si], dtype=np.int64)
+                part = self._reader(entries[si]).take(rows, columns=[ID] + list(names))
+                parts.append((si, rows, part))
+            lookup = {}
+            for si, rows, part in parts:
+                for j, r in enumerate(rows):
+                    lookup[(si, int(r))] = (part, j)
+            order = [lookup[(h[0], h[1])] for h in hits]
+            table = pa.concat_tables([p.slice(j, 1) for p, j in order])
+            if with_vec:
+                table = table.append_column("_distance", pa.array([h[2] for h in hits], pa.float32()))
+            if with_text:
+                table = table.append_column("_score", pa.array([h[3] for h in hits], pa.float32()))
+            if not single:
+                table = table.append_column("_query", pa.array([qi] * len(hits), pa.int32()))
+            tables.append(table)
+        if tables:
+            return pa.concat_tables(tables)
+        fields = [self.schema.field(ID)] + [self.schema.field(c) for c in names]
+        if with_vec:
+            fields.append(pa.field("_distance", pa.float32()))
+        if with_text:
+            fields.append(pa.field("_score", pa.float32()))
+        if not single:
+            fields.append(pa.field("_query", pa.int32()))
+        return pa.schema(fields).empty_table()
+
+
+def _probe(q: np.ndarray, centroids: np.ndarray, metric: str, nprobe: int) -> np.ndarray:
+    from beam_supertable.vector.metric import nearest
+    return nearest(q, centroids, metric, nprobe)
+
+
+def _may_match(entry: dict, filter: pc.Expression) -> bool:  # noqa: A002
+    """False only when the superfile's column min/max rule the filter out."""
+    stats = entry.get("stats") or {}
+    if not stats:
+        return True
+    try:
+        return _range_may_match(filter, stats)
+    except (TypeError, ValueError):  # pruning is an optimization, never an error
+        return True
+
+
+_SIMPLE = re.compile(r"\((\w+) (>|>=|<|<=|==) (-?[\d.]+(?:e-?\d+)?|\"[^\"]*\")\)")
+
+
+def _range_may_match(expr: pc.Expression, stats: dict) -> bool:
+    """Prunes on ``field <op> literal`` and on ``and`` of such terms."""
+    text = str(expr)
+    m = _SIMPLE.fullmatch(text)
+    if not m:
+        return True
+    name, op, raw = m.groups()
+    if name not in stats:
+        return True
+    value = raw.strip('"') if raw.startswith('"') else float(raw)
+    mn, mx = stats[name]
+    if isinstance(value, float) and isinstance(mn, str):
+        return True
+    return {">": mx > value, ">=": mx >= value, "<": mn < value, "<=": mn <= value,
+            "==": mn <= value <= mx}[op]

@@ -28,7 +28,7 @@ def main(argv):
                          token=f"{writer}/{seq}", max_retries=100)
         print("DONE", flush=True)
     elif mode == "upload-then-hang":
-        table.write_superfile(table._conform(pa.table({"writer": ["doomed"], "seq": [0]})))
+        table.write_superfiles(pa.table({"writer": ["doomed"], "seq": [0]}))
         print("UPLOADED", flush=True)
         time.sleep(600)  # the test kills us here, before the commit
 

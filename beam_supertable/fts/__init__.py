@@ -1,0 +1,1 @@
+"""Full-text index: tokenizer, per-superfile inverted index, BM25."""

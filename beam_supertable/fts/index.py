@@ -1,0 +1,134 @@
+"""A superfile's inverted index, as an Arrow IPC stream (data only).
+
+The stream holds one record batch per table, in this order:
+
+1. ``terms``: ``term`` (utf8, sorted), ``df`` (int32), ``start`` (int64) —
+   postings of term i are rows ``start[i] .. start[i+1]`` of the next batch;
+2. ``postings``: ``row`` (int32, the row in the superfile), ``tf`` (int32);
+3. ``lengths``: ``length`` (int32), the token count of each row.
+
+The manifest entry keeps the summary (rows, total length, a term bloom
+filter) so that BM25's collection statistics and superfile skipping need no
+superfile reads.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections import Counter
+from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
+
+import numpy as np
+import pyarrow as pa
+
+from beam_supertable.fts.tokenize import tokenize
+
+BLOOM_BITS_PER_TERM = 10
+BLOOM_HASHES = 7
+BLOOM_MAX_BYTES = 1 << 20
+
+
+def row_texts(table: pa.Table, columns: Sequence[str]) -> List[str]:
+    """One text per row: the FTS columns joined (a null counts as empty)."""
+    cols = [table.column(c).to_pylist() for c in columns]
+    return [" ".join(v for v in values if v) for values in zip(*cols)] if cols else []
+
+
+def build(texts: Sequence[str], stop_words: FrozenSet[str] = frozenset()
+          ) -> Tuple[bytes, Dict]:
+    """Index bytes and the manifest summary for one superfile's rows."""
+    postings: Dict[str, List[Tuple[int, int]]] = {}
+    lengths = np.zeros(len(texts), dtype=np.int32)
+    for row, text in enumerate(texts):
+        tokens = tokenize(text, stop_words)
+        lengths[row] = len(tokens)
+        for term, tf in Counter(tokens).items():
+            postings.setdefault(term, []).append((row, tf))
+    terms = sorted(postings)
+    df = np.array([len(postings[t]) for t in terms], dtype=np.int32)
+    start = np.zeros(len(terms) + 1, dtype=np.int64)
+    np.cumsum(df, out=start[1:])
+    rows = np.fromiter((r for t in terms for r, _ in postings[t]), dtype=np.int32,
+                       count=int(start[-1]))
+    tfs = np.fromiter((f for t in terms for _, f in postings[t]), dtype=np.int32,
+                      count=int(start[-1]))
+    batches = [
+        pa.record_batch({"term": pa.array(terms, pa.string()), "df": df, "start": start[:-1]}),
+        pa.record_batch({"row": rows, "tf": tfs}),
+        pa.record_batch({"length": lengths}),
+    ]
+    out = pa.BufferOutputStream()
+    for batch in batches:
+        with pa.ipc.new_stream(out, batch.schema) as writer:
+            writer.write_batch(batch)
+    summary = {
+        "rows": len(texts),
+        "total_length": int(lengths.sum()),
+        "terms": len(terms),
+        "bloom": bloom_build(terms),
+    }
+    return out.getvalue().to_pybytes(), summary
+
+
+class TextIndex:
+    """A loaded superfile index: term lookup and postings."""
+
+    def __init__(self, data: bytes) -> None:
+        reader = pa.BufferReader(data)
+        tables = []
+        for _ in range(3):
+            stream = pa.ipc.open_stream(reader)
+            tables.append(stream.read_all())
+        terms, post, lengths = tables
+        self.terms = terms.column("term").to_numpy(zero_copy_only=False)
+        self.df = terms.column("df").to_numpy()
+        self.start = terms.column("start").to_numpy()
+        self.rows = post.column("row").to_numpy()
+        self.tf = post.column("tf").to_numpy()
+        self.lengths = lengths.column("length").to_numpy()
+        self._lookup = {t: i for i, t in enumerate(self.terms)}
+
+    def postings(self, term: str) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+        i = self._lookup.get(term)
+        if i is None:
+            return None
+        s, n = self.start[i], self.df[i]
+        return self.rows[s:s + n], self.tf[s:s + n]
+
+    def doc_freq(self, term: str) -> int:
+        i = self._lookup.get(term)
+        return 0 if i is None else int(self.df[i])
+
+
+def _hashes(term: str, m: int) -> List[int]:
+    h = hashlib.blake2b(term.encode(), digest_size=16).digest()
+    a, b = int.from_bytes(h[:8], "little"), int.from_bytes(h[8:], "little") | 1
+    return [(a + i * b) % m for i in range(BLOOM_HASHES)]
+
+
+def bloom_build(terms: Sequence[str]) -> str:
+    nbytes = max(8, min(BLOOM_MAX_BYTES, (len(terms) * BLOOM_BITS_PER_TERM + 7) // 8))
+    bits = np.zeros(nbytes * 8, dtype=bool)
+    m = nbytes * 8
+    for term in terms:
+        bits[_hashes(term, m)] = True
+    return base64.b64encode(np.packbits(bits, bitorder="little").tobytes()).decode()
+
+
+def bloom_may_contain(bloom: str, term: str, cache: Optional[dict] = None) -> bool:
+    bits = None if cache is None else cache.get(bloom)
+    if bits is None:
+        bits = np.unpackbits(np.frombuffer(base64.b64decode(bloom), dtype=np.uint8),
+                             bitorder="little").astype(bool)
+        if cache is not None:
+            cache[bloom] = bits
+    return bool(bits[_hashes(term, len(bits))].all())
+
+
+def bm25(tf: np.ndarray, lengths: np.ndarray, df: int, n_docs: int, avg_len: float,
+         k1: float = 1.2, b: float = 0.75) -> np.ndarray:
+    """Lucene's BM25: idf = ln(1 + (N - df + 0.5) / (df + 0.5))."""
+    idf = np.log(1 + (n_docs - df + 0.5) / (df + 0.5))
+    denom = tf + k1 * (1 - b + b * lengths / max(avg_len, 1e-9))
+    return idf * tf * (k1 + 1) / denom

@@ -1,0 +1,141 @@
+"""Reading one superfile with ranged reads, counting the bytes a query touches."""
+
+from __future__ import annotations
+
+import io
+import threading
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from beam_supertable.fts.index import TextIndex
+from beam_supertable.store import ObjectStore
+from beam_supertable.superfile import read_header
+
+
+class IOStats:
+    """Bytes and requests a Supertable handle has read (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.bytes = 0
+        self.requests = 0
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.bytes += n
+            self.requests += 1
+
+    def snapshot(self) -> Dict[str, int]:
+        return {"bytes": self.bytes, "requests": self.requests}
+
+
+class RangeFile(io.RawIOBase):
+    """A read-only file over ``store.get_range``: what pyarrow needs, nothing more."""
+
+    def __init__(self, store: ObjectStore, path: str, size: int, stats: IOStats) -> None:
+        self._store, self._path, self._size, self._stats = store, path, size, stats
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = base + offset
+        return self._pos
+
+    def read(self, n: int = -1) -> bytes:
+        end = self._size if n is None or n < 0 else min(self._size, self._pos + n)
+        if end <= self._pos:
+            return b""
+        data = self._store.get_range(self._path, self._pos, end)
+        self._stats.add(len(data))
+        self._pos += len(data)
+        return data
+
+    def readinto(self, b) -> int:
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+
+class SuperfileReader:
+    """One superfile: its footer, index sections and row groups, read on demand."""
+
+    def __init__(self, store: ObjectStore, entry: dict, stats: IOStats) -> None:
+        self.entry = entry
+        self._store = store
+        self._stats = stats
+        self._file = pq.ParquetFile(pa.PythonFile(
+            RangeFile(store, entry["path"], entry["bytes"], stats), mode="r"))
+        self.metadata = self._file.metadata
+        self.header = read_header(self.metadata)
+        self._sections: Dict[str, bytes] = {}
+        self._text: Optional[TextIndex] = None
+        self._rg_starts = np.zeros(self.metadata.num_row_groups + 1, dtype=np.int64)
+        for i in range(self.metadata.num_row_groups):
+            self._rg_starts[i + 1] = self._rg_starts[i] + self.metadata.row_group(i).num_rows
+        self._lock = threading.Lock()
+
+    @property
+    def num_rows(self) -> int:
+        return self.metadata.num_rows
+
+    def section_range(self, name: str, start: int, stop: int) -> bytes:
+        """Bytes ``[start, stop)`` of a section, one ranged read."""
+        off, length = self.header["sections"][name]
+        stop = min(stop, length)
+        if stop <= start:
+            return b""
+        data = self._store.get_range(self.entry["path"], off + start, off + stop)
+        self._stats.add(len(data))
+        return data
+
+    def section(self, name: str) -> bytes:
+        with self._lock:
+            data = self._sections.get(name)
+        if data is None:
+            off, length = self.header["sections"][name]
+            data = self.section_range(name, 0, length)
+            with self._lock:
+                self._sections[name] = data
+        return data
+
+    def text_index(self) -> TextIndex:
+        if self._text is None:
+            self._text = TextIndex(self.section("text"))
+        return self._text
+
+    def row_groups_of(self, rows: np.ndarray) -> np.ndarray:
+        return np.unique(np.searchsorted(self._rg_starts, rows, side="right") - 1)
+
+    def take(self, rows: np.ndarray, columns: Optional[Sequence[str]] = None) -> pa.Table:
+        """The given rows (superfile row numbers), in the given order."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) == 0:
+            schema = self._file.schema_arrow
+            if columns is not None:
+                schema = pa.schema([schema.field(c) for c in columns])
+            return schema.empty_table()
+        groups = self.row_groups_of(rows)
+        table = self._file.read_row_groups(groups.tolist(), columns=list(columns) if columns else None)
+        # Map superfile rows to positions inside the concatenated row groups.
+        offsets = np.zeros(len(groups) + 1, dtype=np.int64)
+        for i, g in enumerate(groups):
+            offsets[i + 1] = offsets[i] + (self._rg_starts[g + 1] - self._rg_starts[g])
+        g_of = np.searchsorted(self._rg_starts, rows, side="right") - 1
+        pos = offsets[np.searchsorted(groups, g_of)] + (rows - self._rg_starts[g_of])
+        return table.take(pa.array(pos))
+
+    def read(self, columns: Optional[Sequence[str]] = None, filter=None) -> pa.Table:
+        table = self._file.read(columns=list(columns) if columns else None)
+        return table.filter(filter) if filter is not None else table

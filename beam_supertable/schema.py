@@ -1,0 +1,109 @@
+"""Conforming user data to a table schema, with errors that name row and column."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from beam_supertable.errors import SchemaMismatchError
+
+ID = "_id"
+
+Data = Union[pa.Table, pa.RecordBatch, Sequence[pa.RecordBatch]]
+
+
+def vector_dim(field: pa.Field) -> int:
+    t = field.type
+    if not (pa.types.is_fixed_size_list(t) and pa.types.is_floating(t.value_type)):
+        raise SchemaMismatchError(
+            f"vector column {field.name!r} must be a fixed_size_list of floats "
+            f"(e.g. pa.list_(pa.float32(), 128)), got {t}")
+    return t.list_size
+
+
+def to_table(data: Data) -> Optional[pa.Table]:
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if isinstance(data, pa.Table):
+        return data
+    batches = list(data)
+    if not batches:
+        return None
+    if not all(isinstance(b, pa.RecordBatch) for b in batches):
+        bad = next(type(b).__name__ for b in batches if not isinstance(b, pa.RecordBatch))
+        raise TypeError(f"append takes a pyarrow Table, a RecordBatch or RecordBatches, got {bad}")
+    return pa.Table.from_batches(batches)
+
+
+def conform(uri: str, data: Data, user_schema: pa.Schema,
+            vector_column: Optional[str] = None) -> pa.Table:
+    """Casts ``data`` to ``user_schema`` (the table schema without ``_id``).
+
+    Raises:
+        SchemaMismatchError: an unknown or missing non-nullable column, a type
+            that does not cast, a null in a non-nullable column, or a vector
+            of the wrong length, NaN or infinity; the message names the column
+            and, where it applies, the first offending row.
+    """
+    table = to_table(data)
+    if table is None:
+        return user_schema.empty_table()
+    extra = [n for n in table.column_names if n not in user_schema.names]
+    if extra:
+        raise SchemaMismatchError(
+            f"{uri}: column(s) {extra} are not in the table schema {user_schema.names}")
+    cols = []
+    for field in user_schema:
+        if field.name not in table.column_names:
+            if not field.nullable:
+                raise SchemaMismatchError(f"{uri}: non-nullable column {field.name!r} is missing")
+            cols.append(pa.nulls(table.num_rows, field.type))
+            continue
+        col = table.column(field.name)
+        if field.name == vector_column:
+            col = _conform_vectors(uri, col, field)
+        elif not col.type.equals(field.type):
+            try:
+                col = col.cast(field.type, safe=True)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+                raise SchemaMismatchError(
+                    f"{uri}: column {field.name!r} has type {col.type}; the table wants "
+                    f"{field.type} ({exc})") from exc
+        if not field.nullable and col.null_count:
+            row = pc.index(pc.is_null(col), True).as_py()
+            raise SchemaMismatchError(
+                f"{uri}: column {field.name!r} is not nullable but row {row} is null")
+        cols.append(col)
+    return pa.table(cols, schema=user_schema)
+
+
+def _conform_vectors(uri: str, col, field: pa.Field):
+    dim = field.type.list_size
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if col.null_count:
+        row = pc.index(pc.is_null(col), True).as_py()
+        raise SchemaMismatchError(f"{uri}: vector column {field.name!r}: row {row} is null")
+    if pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or \
+            pa.types.is_fixed_size_list(col.type):
+        lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False)
+        wrong = np.where(lengths != dim)[0]
+        if len(wrong):
+            raise SchemaMismatchError(
+                f"{uri}: vector column {field.name!r}: row {int(wrong[0])} has "
+                f"{int(lengths[wrong[0]])} values, the table's dimension is {dim}")
+    try:
+        col = col.cast(field.type, safe=False)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        raise SchemaMismatchError(
+            f"{uri}: vector column {field.name!r} has type {col.type}; the table wants "
+            f"{field.type} ({exc})") from exc
+    values = np.asarray(col.flatten().to_numpy(zero_copy_only=False), dtype=np.float64)
+    bad = ~np.isfinite(values)
+    if bad.any():
+        row = int(np.argmax(bad) // dim)
+        raise SchemaMismatchError(
+            f"{uri}: vector column {field.name!r}: row {row} holds NaN or infinity")
+    return col

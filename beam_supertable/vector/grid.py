@@ -1,0 +1,88 @@
+"""The table-wide grid of cells: k-means over a sample, stored as ``.npy``."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import math
+import uuid
+from typing import Optional, Tuple
+
+import numpy as np
+from sklearn.cluster import KMeans
+
+from beam_supertable.vector.metric import distances, nearest, prepare
+
+SEED = 0
+SAMPLE_PER_CELL = 40
+MAX_SAMPLE = 100_000
+MAX_CELLS = 16_384
+KMEANS_ITERATIONS = 25
+GRID_PREFIX = "_supertable/grid"
+
+
+def default_n_cells(rows: int) -> int:
+    """About sqrt(rows) cells: a cell of a 200,000-row table holds ~450 rows."""
+    return int(min(MAX_CELLS, max(1, round(math.sqrt(max(rows, 1))))))
+
+
+def train(vectors: np.ndarray, n_cells: int, metric: str) -> np.ndarray:
+    """Centroids from k-means on a sample (fixed seed: the same input, the same grid)."""
+    x = prepare(vectors, metric)
+    n_cells = max(1, min(n_cells, len(x)))
+    rng = np.random.default_rng(SEED)
+    size = min(len(x), max(n_cells * SAMPLE_PER_CELL, 1), MAX_SAMPLE)
+    sample = x[rng.choice(len(x), size, replace=False)] if size < len(x) else x
+    km = KMeans(n_clusters=n_cells, n_init=1, max_iter=KMEANS_ITERATIONS,
+                random_state=SEED).fit(sample)
+    centroids = km.cluster_centers_.astype(np.float32)
+    return prepare(centroids, metric) if metric == "cosine" else centroids
+
+
+def assign(vectors: np.ndarray, centroids: np.ndarray, metric: str,
+           replica_factor: float = 0.0) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+    """Each row's nearest cell, and (with ``replica_factor``) a second cell or -1.
+
+    A row is replicated into its second-nearest cell when that cell's distance
+    is within ``1 + replica_factor`` of the nearest one's, for at most a
+    ``replica_factor`` share of the rows (the closest calls first).
+    """
+    x = prepare(vectors, metric)
+    if replica_factor <= 0 or len(centroids) < 2:
+        return nearest(x, centroids, metric, 1)[:, 0], None
+    top = nearest(x, centroids, metric, 2)
+    d1 = _pair(x, centroids, top[:, 0], metric)
+    d2 = _pair(x, centroids, top[:, 1], metric)
+    ratio = (d2 - d1) / np.maximum(np.abs(d1), 1e-12)
+    second = np.full(len(x), -1, dtype=np.int64)
+    budget = int(len(x) * replica_factor)
+    close = np.where(ratio <= replica_factor)[0]
+    close = close[np.argsort(ratio[close], kind="stable")][:budget]
+    second[close] = top[close, 1]
+    return top[:, 0], second
+
+
+def _pair(x, centroids, idx, metric):
+    c = centroids[idx]
+    if metric == "l2":
+        return np.einsum("ij,ij->i", x - c, x - c)
+    dots = np.einsum("ij,ij->i", x, c)
+    return 1 - dots if metric == "cosine" else -dots
+
+
+def to_bytes(centroids: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(centroids, dtype=np.float32), allow_pickle=False)
+    return buf.getvalue()
+
+
+def from_bytes(data: bytes) -> np.ndarray:
+    return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+def grid_path() -> str:
+    return f"{GRID_PREFIX}/{uuid.uuid4().hex}.npy"
+
+
+def fingerprint(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
