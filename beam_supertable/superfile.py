@@ -47,7 +47,7 @@ from beam_supertable.vector.metric import prepare
 INDEX_KEY = b"supertable.index"
 FORMAT = 1
 FINE_RUN_BYTES = 2 << 20          # one fine IVF run: about 2 MiB of encoded rows
-MIN_ROW_GROUP_ROWS = 1024
+MIN_ROW_GROUP_ROWS = 256
 MAX_ROW_GROUP_ROWS = 65_536
 
 

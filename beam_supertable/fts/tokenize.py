@@ -12,7 +12,7 @@ _QUERY = re.compile(r'(\+?)"([^"]*)"|(\+?)([^\s"]+)')
 def tokenize(text: Optional[str], stop_words: FrozenSet[str] = frozenset()) -> List[str]:
     if not text:
         return []
-    words = _WORD.findall(text.casefold())
+    words = _WORD.findall(text.lower())
     return [w for w in words if w not in stop_words] if stop_words else words
 
 

@@ -1,0 +1,102 @@
+"""Tokenizer, BM25 against a plain reference, query syntax, bloom skipping."""
+
+import math
+from collections import Counter
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from beam_supertable import Supertable
+from beam_supertable.fts.index import bloom_build, bloom_may_contain
+from beam_supertable.fts.tokenize import parse_query, tokenize
+
+DOCS = [
+    "The quick brown fox jumps over the lazy dog",
+    "A quick brown dog outpaces a quick fox",
+    "Lazy afternoons: the dog sleeps, the fox waits",
+    "Foxes and dogs are not the same animal",
+    "Brown bread, brown sugar, brown rice",
+    "Über naïve café owners serve crème brûlée in 2024",
+    "the the the the the",
+    "Quick thinking saved the brown fox from the dog",
+]
+
+
+def test_tokenizer_is_unicode_aware_and_lowercases():
+    assert tokenize("Über naïve CAFÉ_42 x-ray 3.14") == ["über", "naïve", "café", "42", "x", "ray", "3", "14"]
+    assert tokenize("a the cat", frozenset({"the", "a"})) == ["cat"]
+    assert tokenize(None) == []
+
+
+def test_query_syntax():
+    terms, required, phrases = parse_query('brown +fox "lazy dog"')
+    assert terms == ["brown", "fox", "lazy", "dog"]
+    assert required == ["fox"]
+    assert phrases == [["lazy", "dog"]]
+
+
+def _reference_bm25(docs, query_terms, k1=1.2, b=0.75):
+    toks = [tokenize(d) for d in docs]
+    n = len(docs)
+    avg = sum(map(len, toks)) / n
+    out = []
+    for i, t in enumerate(toks):
+        tf = Counter(t)
+        s = 0.0
+        for q in query_terms:
+            df = sum(1 for x in toks if q in x)
+            if tf[q]:
+                idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+                s += idf * tf[q] * (k1 + 1) / (tf[q] + k1 * (1 - b + b * len(t) / avg))
+        out.append(s)
+    return out
+
+
+@pytest.fixture(params=[1, 3], ids=["one-superfile", "three-commits"])
+def corpus_table(request, tmp_path):
+    schema = pa.schema([("n", pa.int64()), ("body", pa.string())])
+    t = Supertable.create(str(tmp_path / "t"), schema, fts_columns=["body"])
+    chunks = np.array_split(np.arange(len(DOCS)), request.param)
+    for chunk in chunks:
+        t.append(pa.table({"n": chunk, "body": [DOCS[i] for i in chunk]}))
+    return t
+
+
+def test_bm25_scores_match_the_reference_however_rows_were_split(corpus_table):
+    got = corpus_table.search(text="brown fox", k=len(DOCS))
+    ref = _reference_bm25(DOCS, ["brown", "fox"])
+    expected = sorted(((s, i) for i, s in enumerate(ref) if s > 0), key=lambda t: (-t[0], t[1]))
+    assert [r["n"] for r in got.to_pylist()] == [i for _, i in expected]
+    np.testing.assert_allclose(got["_score"].to_numpy(), [s for s, _ in expected], rtol=1e-5)
+
+
+def test_required_terms_and_phrases(corpus_table):
+    hits = corpus_table.search(text="brown +dog", k=10)
+    assert set(hits["n"].to_pylist()) == {0, 1, 2, 7}  # every row holding "dog"
+    scores = hits["_score"].to_pylist()
+    assert scores == sorted(scores, reverse=True)
+    assert corpus_table.search(text='"lazy dog"', k=10)["n"].to_pylist() == [0]
+    assert corpus_table.search(text='"dog lazy"', k=10).num_rows == 0
+    assert corpus_table.search(text="crème", k=3)["n"].to_pylist() == [5]
+    assert corpus_table.search(text="zebra", k=3).num_rows == 0
+
+
+def test_bloom_filter_has_no_false_negatives_and_few_false_positives():
+    terms = [f"term{i}" for i in range(2000)]
+    bloom = bloom_build(terms)
+    assert all(bloom_may_contain(bloom, t) for t in terms)
+    fp = sum(bloom_may_contain(bloom, f"other{i}") for i in range(2000))
+    assert fp < 60  # ~1% at 10 bits per term
+
+
+def test_text_search_skips_superfiles_without_the_terms(tmp_path):
+    schema = pa.schema([("body", pa.string())])
+    t = Supertable.create(str(tmp_path / "t"), schema, fts_columns=["body"])
+    for i in range(6):
+        t.append(pa.table({"body": [f"common words only {j}" for j in range(50)]
+                           + ([f"needle{i}"] if i == 3 else [])}))
+    t = Supertable.open(str(tmp_path / "t"))
+    assert t.search(text="needle3", k=5)["body"].to_pylist() == ["needle3"]
+    opened = sum(1 for r in t._readers.values() if r._text is not None)
+    assert opened == 1

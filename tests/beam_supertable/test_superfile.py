@@ -1,0 +1,53 @@
+"""The superfile: valid Parquet for any reader, index sections behind offsets."""
+
+import io
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from beam_supertable import Supertable
+from beam_supertable.superfile import INDEX_KEY
+
+
+def _table(n=3000, d=8, seed=0):
+    rng = np.random.default_rng(seed)
+    x = (rng.normal(size=(12, d)) * 4)[rng.integers(0, 12, n)] + rng.normal(size=(n, d))
+    return pa.table({
+        "n": np.arange(n),
+        "body": [f"row {i} says {'even' if i % 2 == 0 else 'odd'}" for i in range(n)],
+        "emb": pa.FixedSizeListArray.from_arrays(pa.array(x.astype(np.float32).ravel()), d),
+    }), x.astype(np.float32)
+
+
+def test_superfile_is_plain_parquet_with_index_offsets(tmp_path):
+    data, x = _table()
+    t = Supertable.create(str(tmp_path / "t"), data.schema, vector_column="emb",
+                          fts_columns=["body"], n_cells=16)
+    t.append(data)
+    entry = t.superfiles()[0]
+    raw = (tmp_path / "t" / entry["path"]).read_bytes()
+    read = pq.read_table(io.BytesIO(raw))          # any Parquet reader opens it
+    assert read.column_names == ["_id", "n", "body", "emb"]
+    assert sorted(read["n"].to_pylist()) == list(range(3000))
+    header = json.loads(pq.ParquetFile(io.BytesIO(raw)).metadata.metadata[INDEX_KEY])
+    footer_start = len(raw) - 8 - int.from_bytes(raw[-8:-4], "little")
+    for name, (off, length) in header["sections"].items():
+        assert 4 <= off and off + length <= footer_start, name
+    # Rows are ordered by cell: each cell's rows are one contiguous run.
+    cells = header["vector"]["cells"]
+    starts = [c[1] for c in cells]
+    assert starts == sorted(starts) and sum(c[2] for c in cells) == 3000
+    assert sorted(c[0] for c in cells) == sorted(entry["cells"])
+
+
+def test_search_touches_a_small_part_of_the_object(tmp_path):
+    data, x = _table(n=20000, d=32)
+    t = Supertable.create(str(tmp_path / "t"), data.schema, vector_column="emb", n_cells=64)
+    t.append(data)
+    t = Supertable.open(str(tmp_path / "t"))
+    t.search(vector=x[0], k=10)
+    size = sum(e["bytes"] for e in t.superfiles())
+    touched = t.io.snapshot()["bytes"]
+    assert touched < 0.35 * size, (touched, size)
