@@ -15,6 +15,9 @@ from beam_supertable.store import ObjectStore
 from beam_supertable.superfile import read_header
 
 
+VECTOR_CACHE_BYTES = 512 << 20  # fp32 rerank vectors kept per superfile handle
+
+
 class IOStats:
     """Bytes and requests a Supertable handle has read (thread-safe)."""
 
@@ -85,6 +88,9 @@ class SuperfileReader:
         for i in range(self.metadata.num_row_groups):
             self._rg_starts[i + 1] = self._rg_starts[i] + self.metadata.row_group(i).num_rows
         self._lock = threading.Lock()
+        self._vector_index = None
+        self._vectors: Dict[int, np.ndarray] = {}
+        self._vectors_bytes = 0
 
     @property
     def num_rows(self) -> int:
@@ -114,6 +120,47 @@ class SuperfileReader:
         if self._text is None:
             self._text = TextIndex(self.section("text"))
         return self._text
+
+    def vector_index(self):
+        if self._vector_index is None:
+            from beam_supertable.vector.search import VectorIndex
+            self._vector_index = VectorIndex(self)
+        return self._vector_index
+
+    def vectors(self, rows: np.ndarray, column: str, metric: str):
+        """Loads the fp32 vectors of ``rows`` (by row group, cached); returns a lookup."""
+        from beam_supertable.vector.metric import prepare
+        groups = self.row_groups_of(rows)
+        with self._lock:
+            missing = [int(g) for g in groups if int(g) not in self._vectors]
+        if missing:
+            table = self._file.read_row_groups(missing, columns=[column])
+            col = table.column(column).combine_chunks()
+            flat = np.asarray(col.flatten().to_numpy(zero_copy_only=False), dtype=np.float32)
+            x = prepare(flat.reshape(len(col), -1), metric)
+            at = 0
+            with self._lock:
+                for g in missing:
+                    n = int(self._rg_starts[g + 1] - self._rg_starts[g])
+                    if self._vectors_bytes > VECTOR_CACHE_BYTES:
+                        self._vectors.clear()
+                        self._vectors_bytes = 0
+                    self._vectors[g] = x[at:at + n]
+                    self._vectors_bytes += x[at:at + n].nbytes
+                    at += n
+        with self._lock:
+            cached = {int(g): self._vectors[int(g)] for g in groups}
+        starts = self._rg_starts
+
+        def lookup(rs: np.ndarray) -> np.ndarray:
+            g_of = np.searchsorted(starts, rs, side="right") - 1
+            out = np.empty((len(rs), next(iter(cached.values())).shape[1]), dtype=np.float32)
+            for g in np.unique(g_of):
+                m = g_of == g
+                out[m] = cached[int(g)][rs[m] - starts[g]]
+            return out
+
+        return lookup
 
     def row_groups_of(self, rows: np.ndarray) -> np.ndarray:
         return np.unique(np.searchsorted(self._rg_starts, rows, side="right") - 1)

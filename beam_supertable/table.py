@@ -13,7 +13,9 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from beam_supertable import deletes as dv
-from beam_supertable import search as search_mod
+from beam_supertable.fts import search as text_search
+from beam_supertable.vector import search as vector_search
+from beam_supertable.vector.metric import nearest
 from beam_supertable.errors import (
     CommitConflictError, MemoryBudgetError, SchemaMismatchError, SupertableError)
 from beam_supertable.manifest import (
@@ -405,20 +407,36 @@ class Supertable:
                 raise TypeError(f"{self.uri}: text must be a string, got {type(text).__name__}")
         entries = self.superfiles()
         if filter is not None:
-            live = [i for i, e in enumerate(entries) if _may_match(e, filter)]
-        else:
-            live = list(range(len(entries)))
+            entries = [e for e in entries if _may_match(e, filter)]
+        allowed = self._allowed(entries, filter)
+        depth = k if (queries is None or text is None) else max(k * 4, 50)
+        vec = self._vector_hits(queries, depth, nprobe, entries, allowed) \
+            if queries is not None else None
+        txt = None
+        if text is not None:
+            fp = self._fts_props()
+            readers = [self._reader(e) for e in entries]
+            txt = text_search.text_candidates(
+                readers, entries, text, depth, fp["columns"],
+                frozenset(fp.get("stop_words", ())), allowed, self._bloom_cache)
         results = []
-        n_queries = 1 if queries is None else len(queries)
-        for qi in range(n_queries):
-            hits = self._search_one(
-                None if queries is None else queries[qi:qi + 1], text, k, nprobe, filter,
-                [entries[i] for i in live])
-            results.append(hits)
+        for qi in range(1 if queries is None else len(queries)):
+            if txt is None:
+                hits = [(si, row, d, None) for d, si, row in vec[qi]][:k]
+            elif vec is None:
+                hits = [(si, row, None, s) for s, si, row in txt][:k]
+            else:
+                dist = {(si, row): d for d, si, row in vec[qi]}
+                fused = text_search.rrf([[(si, row) for _, si, row in vec[qi]],
+                                         [(si, row) for _, si, row in txt]], k)
+                hits = [(si, row, dist.get((si, row)), s) for s, (si, row) in fused]
+            results.append((hits, entries))
         return self._materialize(results, names, single, vector is not None, text is not None)
 
     def _allowed(self, entries, filter):  # noqa: A002
-        masks: Dict[int, tuple] = {}
+        """None when every row passes; else ``allowed(superfile, rows) -> mask``."""
+        if filter is None and not any(self._snapshot.deletes.get(e["id"]) for e in entries):
+            return None
 
         def allowed(si: int, rows: np.ndarray) -> np.ndarray:
             e = entries[si]
@@ -431,42 +449,35 @@ class Supertable:
 
         return allowed
 
-    def _search_one(self, query, text, k, nprobe, filter, entries):  # noqa: A002
-        readers = [self._reader(e) for e in entries]
-        allowed = self._allowed(entries, filter)
-        ranked_vec = ranked_text = None
-        depth = k if (query is None or text is None) else max(k * 4, 50)
-        if query is not None:
-            vp = self._vector_props()
-            centroids = self.grid()
-            if centroids is None or not entries:
-                ranked_vec = []
-            else:
-                q = prepare(query, vp["metric"])
-                n_cells = len(centroids)
-                probe = nprobe or search_mod.default_nprobe(n_cells)
-                cells_of = [set(e.get("cells", ())) | set(e.get("replica_cells", ())) for e in entries]
-                while True:
-                    probes = _probe(q, centroids, vp["metric"], probe)
-                    found = search_mod.vector_candidates(
-                        readers, cells_of, q, probes, vp["metric"], depth, allowed)[0]
-                    if len(found) >= depth or probe >= n_cells or nprobe is not None:
-                        break
-                    probe = min(n_cells, probe * 2)  # a selective filter: widen the probe
-                ranked_vec = [(d, si, row) for d, si, row in found]
-        if text is not None:
-            fp = self._fts_props()
-            ranked_text = search_mod.text_candidates(
-                readers, entries, text, depth, fp["columns"], frozenset(fp.get("stop_words", ())),
-                allowed, self._bloom_cache)
-        if ranked_text is None:
-            return [(si, row, d, None) for d, si, row in ranked_vec][:k], entries
-        if ranked_vec is None:
-            return [(si, row, None, s) for s, si, row in ranked_text][:k], entries
-        dist = {(si, row): d for d, si, row in ranked_vec}
-        fused = search_mod.rrf([[(si, row) for _, si, row in ranked_vec],
-                                [(si, row) for _, si, row in ranked_text]], k)
-        return [(si, row, dist.get((si, row)), s) for s, (si, row) in fused], entries
+    def _vector_hits(self, queries, depth, nprobe, entries, allowed):
+        vp = self._vector_props()
+        centroids = self.grid()
+        if centroids is None or not entries:
+            return [[] for _ in queries]
+        metric = vp["metric"]
+        q = prepare(queries, metric)
+        n_cells = len(centroids)
+        probe = nprobe or vector_search.default_nprobe(n_cells)
+        out: List[list] = [[] for _ in range(len(q))]
+        todo = np.arange(len(q))
+        while len(todo):
+            probes = nearest(q[todo], centroids, metric, probe)
+            wanted = set(np.unique(probes).tolist())
+            live = [si for si, e in enumerate(entries)
+                    if wanted & (set(e.get("cells", ())) | set(e.get("replica_cells", ())))]
+            indexes = [self._reader(entries[si]).vector_index() for si in live]
+            sub_allowed = None if allowed is None else (lambda i, rows: allowed(live[i], rows))
+            found = vector_search.vector_search(indexes, q[todo], probes, metric, depth, sub_allowed)
+            short = []
+            for j, qi in enumerate(todo):
+                out[qi] = [(d, live[si], row) for d, si, row in found[j]]
+                if len(out[qi]) < depth:
+                    short.append(qi)
+            if nprobe is not None or probe >= n_cells or allowed is None:
+                break
+            # A selective filter left too few rows in the probed cells: widen.
+            todo, probe = np.array(short, dtype=np.int64), min(n_cells, probe * 2)
+        return out
 
     def _materialize(self, results, names, single, with_vec, with_text) -> pa.Table:
         tables = []
@@ -501,11 +512,6 @@ class Supertable:
         if not single:
             fields.append(pa.field("_query", pa.int32()))
         return pa.schema(fields).empty_table()
-
-
-def _probe(q: np.ndarray, centroids: np.ndarray, metric: str, nprobe: int) -> np.ndarray:
-    from beam_supertable.vector.metric import nearest
-    return nearest(q, centroids, metric, nprobe)
 
 
 def _may_match(entry: dict, filter: pc.Expression) -> bool:  # noqa: A002
