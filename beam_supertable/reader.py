@@ -78,8 +78,10 @@ class SuperfileReader:
         self.entry = entry
         self._store = store
         self._stats = stats
+        # pre_buffer off: coalescing would fetch the gaps between the column
+        # chunks asked for (the vectors between two _id chunks, say).
         self._file = pq.ParquetFile(pa.PythonFile(
-            RangeFile(store, entry["path"], entry["bytes"], stats), mode="r"))
+            RangeFile(store, entry["path"], entry["bytes"], stats), mode="r"), pre_buffer=False)
         self.metadata = self._file.metadata
         self.header = read_header(self.metadata)
         self._sections: Dict[str, bytes] = {}
@@ -89,6 +91,7 @@ class SuperfileReader:
             self._rg_starts[i + 1] = self._rg_starts[i] + self.metadata.row_group(i).num_rows
         self._lock = threading.Lock()
         self._vector_index = None
+        self._ids = None
         self._vectors: Dict[int, np.ndarray] = {}
         self._vectors_bytes = 0
 
@@ -161,6 +164,12 @@ class SuperfileReader:
             return out
 
         return lookup
+
+    def ids(self) -> np.ndarray:
+        """The ``_id`` column (8 bytes a row), read once and kept."""
+        if self._ids is None:
+            self._ids = self._file.read(columns=["_id"]).column(0).to_numpy()
+        return self._ids
 
     def row_groups_of(self, rows: np.ndarray) -> np.ndarray:
         return np.unique(np.searchsorted(self._rg_starts, rows, side="right") - 1)

@@ -383,7 +383,10 @@ class Supertable:
             raise ValueError(f"{self.uri}: k must be a positive int, got {k!r}")
         if vector is None and text is None:
             raise ValueError(f"{self.uri}: search needs vector=..., text=... or both")
-        names = [c for c in (columns or self.user_schema.names)]
+        names = list(self.user_schema.names if columns is None else columns)
+        unknown = [c for c in names if c not in self.user_schema.names]
+        if unknown:
+            raise SchemaMismatchError(f"{self.uri}: unknown column(s) {unknown}")
         queries = None
         if vector is not None:
             vp = self._vector_props()
@@ -480,30 +483,10 @@ class Supertable:
         return out
 
     def _materialize(self, results, names, single, with_vec, with_text) -> pa.Table:
-        tables = []
-        for qi, (hits, entries) in enumerate(results):
-            if not hits:
-                continue
-            parts = []
-            for si in sorted({h[0] for h in hits}):
-                rows = np.array([h[1] for h in hits if h[0] == si], dtype=np.int64)
-                part = self._reader(entries[si]).take(rows, columns=[ID] + list(names))
-                parts.append((si, rows, part))
-            lookup = {}
-            for si, rows, part in parts:
-                for j, r in enumerate(rows):
-                    lookup[(si, int(r))] = (part, j)
-            order = [lookup[(h[0], h[1])] for h in hits]
-            table = pa.concat_tables([p.slice(j, 1) for p, j in order])
-            if with_vec:
-                table = table.append_column("_distance", pa.array([h[2] for h in hits], pa.float32()))
-            if with_text:
-                table = table.append_column("_score", pa.array([h[3] for h in hits], pa.float32()))
-            if not single:
-                table = table.append_column("_query", pa.array([qi] * len(hits), pa.int32()))
-            tables.append(table)
-        if tables:
-            return pa.concat_tables(tables)
+        """One table of hits: each superfile read once for all queries' rows."""
+        entries = results[0][1] if results else []
+        flat = [(qi, si, row, d, s) for qi, (hits, _) in enumerate(results)
+                for si, row, d, s in hits]
         fields = [self.schema.field(ID)] + [self.schema.field(c) for c in names]
         if with_vec:
             fields.append(pa.field("_distance", pa.float32()))
@@ -511,7 +494,30 @@ class Supertable:
             fields.append(pa.field("_score", pa.float32()))
         if not single:
             fields.append(pa.field("_query", pa.int32()))
-        return pa.schema(fields).empty_table()
+        if not flat:
+            return pa.schema(fields).empty_table()
+        sis = np.array([f[1] for f in flat], dtype=np.int64)
+        rows = np.array([f[2] for f in flat], dtype=np.int64)
+        parts, where = [], np.empty(len(flat), dtype=np.int64)
+        base = 0
+        for si in np.unique(sis):
+            mask = sis == si
+            uniq, inverse = np.unique(rows[mask], return_inverse=True)
+            reader = self._reader(entries[si])
+            if names:
+                parts.append(reader.take(uniq, columns=[ID] + list(names)))
+            else:
+                parts.append(pa.table({ID: reader.ids()[uniq]}))
+            where[mask] = base + inverse
+            base += len(uniq)
+        table = pa.concat_tables(parts).take(pa.array(where))
+        if with_vec:
+            table = table.append_column("_distance", pa.array([f[3] for f in flat], pa.float32()))
+        if with_text:
+            table = table.append_column("_score", pa.array([f[4] for f in flat], pa.float32()))
+        if not single:
+            table = table.append_column("_query", pa.array([f[0] for f in flat], pa.int32()))
+        return table
 
 
 def _may_match(entry: dict, filter: pc.Expression) -> bool:  # noqa: A002

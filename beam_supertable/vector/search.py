@@ -9,26 +9,30 @@ then reranked exactly with the fp32 vectors read from the Parquet data.
 from __future__ import annotations
 
 import math
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from beam_supertable.reader import SuperfileReader
 from beam_supertable.vector import codes
 from beam_supertable.vector.metric import distances, nearest
 
-DEFAULT_NPROBE_SHARE = 0.08      # of the cells (recall@10 >= 0.95 on the benchmarks)
-RERANK_PER_K = 8                 # SQ8 candidates reranked exactly, per requested k
-SHORTLIST_MIN_ENTRIES = 4096     # runs larger than this are shortlisted by 1-bit codes
+NPROBE_PER_SQRT_CELL = 0.6       # nprobe = ceil(0.6 * sqrt(n_cells)): recall@10 >= 0.95 on the benchmarks
+RERANK_PER_K = 3                 # SQ8 candidates reranked exactly, per requested k
+RUN_KEEP_PER_K = 3               # SQ8 candidates a run may contribute, per requested k
+SHORTLIST_MIN_ENTRIES = 16_384   # runs larger than this are shortlisted by 1-bit codes
 SHORTLIST_SHARE = 0.25
 FINE_PROBE_SHARE = 0.5
 DECODED_CACHE_BYTES = 256 << 20  # decoded SQ8 kept per superfile handle
 
 
 def default_nprobe(n_cells: int) -> int:
-    return max(1, min(n_cells, math.ceil(DEFAULT_NPROBE_SHARE * n_cells)))
+    """Cells probed by default: grows like sqrt(n_cells), as the cells do."""
+    return max(1, min(n_cells, math.ceil(NPROBE_PER_SQRT_CELL * math.sqrt(n_cells))))
 
 
 class VectorIndex:
@@ -128,72 +132,115 @@ def _probe_runs(index: VectorIndex, queries: np.ndarray, probes: np.ndarray, met
     return out
 
 
+def _shortlist(index: VectorIndex, run, queries: np.ndarray, qs: np.ndarray, keep: int):
+    """1-bit shortlist of a large run for each query: the ``keep`` best by Hamming."""
+    start, stop, fine = run
+    center = index.fine_centroids()[fine]
+    bits = index.bits(start, stop)
+    qbits = codes.bits_encode(queries[qs] - center)
+    keep = min(keep, stop - start)
+    out = np.empty((len(qs), keep), dtype=np.int64)
+    for j in range(len(qs)):
+        ham = codes.hamming(qbits[j], bits)
+        out[j] = np.argpartition(ham, keep - 1)[:keep]
+    return out
+
+
 def search_superfile(index: VectorIndex, queries: np.ndarray, probes: np.ndarray,
                      metric: str, k: int,
                      allowed: Optional[Callable[[np.ndarray], np.ndarray]]
                      ) -> List[Tuple[np.ndarray, np.ndarray]]:
-    """Per query, (rows, exact distances) of its best ``k`` rows in this superfile."""
+    """Per query, (rows, exact distances) of its best ``k`` rows in this superfile.
+
+    Candidates live in one padded ``[queries, slots]`` matrix filled run by run,
+    so selection and rerank are array operations, not per-query loops.
+    """
     n_q = len(queries)
     depth = k * RERANK_PER_K
-    cand_ids: List[List[np.ndarray]] = [[] for _ in range(n_q)]
-    cand_d: List[List[np.ndarray]] = [[] for _ in range(n_q)]
-    for (start, stop, fine), qs in _probe_runs(index, queries, probes, metric).items():
+    # A query's top k holds at most k rows of any run; a few more absorb the
+    # SQ8 error, so each run hands on only its best RUN_KEEP_PER_K * k.
+    keep_run = k * RUN_KEEP_PER_K
+    runs = _probe_runs(index, queries, probes, metric)
+    slots = np.zeros(n_q, dtype=np.int64)
+    for (start, stop, _), qs in runs.items():
+        n = stop - start
+        c = min(n, keep_run) if n <= SHORTLIST_MIN_ENTRIES else keep_run
+        np.add.at(slots, qs, c)
+    width = int(slots.max()) if n_q else 0
+    empty = [(np.zeros(0, np.int64), np.zeros(0, np.float32))] * n_q
+    if width == 0:
+        return empty
+    cand = np.full((n_q, width), -1, dtype=np.int64)
+    cand_d = np.full((n_q, width), np.inf, dtype=np.float32)
+    fill = np.zeros(n_q, dtype=np.int64)
+    for run, qs in runs.items():
+        start, stop, _ = run
         if stop <= start:
             continue
         qs = np.asarray(qs)
-        if stop - start > SHORTLIST_MIN_ENTRIES:
-            center = index.fine_centroids()[fine]
-            bits = index.bits(start, stop)
-            dec = index.decoded(start, stop)
-            keep = max(depth, int((stop - start) * SHORTLIST_SHARE))
-            for qi in qs:
-                ham = codes.hamming(codes.bits_encode((queries[qi] - center)[None, :])[0], bits)
-                pick = np.argpartition(ham, min(keep, len(ham)) - 1)[:keep]
-                d = distances(queries[qi][None, :], dec[pick], metric)[0]
-                cand_ids[qi].append(start + pick)
-                cand_d[qi].append(d)
-            continue
         dec = index.decoded(start, stop)
-        d = distances(queries[qs], dec, metric)
-        ids = np.arange(start, stop)
-        if d.shape[1] > depth:
-            part = np.argpartition(d, depth - 1, axis=1)[:, :depth]
-            for row, qi in enumerate(qs):
-                cand_ids[qi].append(ids[part[row]])
-                cand_d[qi].append(d[row, part[row]])
+        if stop - start > SHORTLIST_MIN_ENTRIES:
+            keep = max(depth, int((stop - start) * SHORTLIST_SHARE))
+            picks = _shortlist(index, run, queries, qs, keep)
+            d = np.stack([distances(queries[qi][None, :], dec[picks[j]], metric)[0]
+                          for j, qi in enumerate(qs)])
+            part = np.argpartition(d, keep_run - 1, axis=1)[:, :keep_run]
+            d = np.take_along_axis(d, part, 1)
+            ids = start + np.take_along_axis(picks, part, 1)
         else:
-            for row, qi in enumerate(qs):
-                cand_ids[qi].append(ids)
-                cand_d[qi].append(d[row])
-    picked: List[Optional[np.ndarray]] = [None] * n_q
-    for qi in range(n_q):
-        if not cand_ids[qi]:
-            continue
-        rows = index.to_rows(np.concatenate(cand_ids[qi]))
-        d = np.concatenate(cand_d[qi])
-        order = np.argsort(d, kind="stable")
-        rows = rows[order]
-        rows = rows[np.sort(np.unique(rows, return_index=True)[1])]  # first = best copy
-        picked[qi] = rows
+            d = distances(queries[qs], dec, metric)
+            if d.shape[1] > keep_run:
+                part = np.argpartition(d, keep_run - 1, axis=1)[:, :keep_run]
+                d = np.take_along_axis(d, part, 1)
+                ids = start + part
+            else:
+                ids = np.broadcast_to(np.arange(start, stop), d.shape)
+        cols = fill[qs][:, None] + np.arange(d.shape[1])[None, :]
+        cand[qs[:, None], cols] = ids
+        cand_d[qs[:, None], cols] = d
+        fill[qs] += d.shape[1]
+    if index.reader.header["vector"]["replicas"]:
+        valid = cand >= 0
+        cand[valid] = index.to_rows(cand[valid])
+        order = np.argsort(cand_d, axis=1, kind="stable")
+        cand = np.take_along_axis(cand, order, 1)
+        cand_d = np.take_along_axis(cand_d, order, 1)
+        for qi in range(n_q):  # a row posted twice keeps its best copy
+            row = cand[qi]
+            _, first = np.unique(row, return_index=True)
+            dup = np.ones(width, dtype=bool)
+            dup[first] = False
+            cand_d[qi, dup] = np.inf
     if allowed is not None:
-        union = np.unique(np.concatenate([p for p in picked if p is not None] or [np.zeros(0, np.int64)]))
-        ok = set(union[allowed(union)].tolist()) if len(union) else set()
-        picked = [None if p is None else p[np.fromiter((r in ok for r in p), bool, len(p))]
-                  for p in picked]
-    picked = [None if p is None else p[:depth] for p in picked]
-    need = [p for p in picked if p is not None and len(p)]
-    if not need:
-        return [(np.zeros(0, np.int64), np.zeros(0, np.float32))] * n_q
-    exact = index.reader.vectors(np.unique(np.concatenate(need)), index.column, metric)
+        live = cand[np.isfinite(cand_d)]
+        union = np.unique(live)
+        ok = union[allowed(union)] if len(union) else union
+        cand_d[~np.isin(cand, ok)] = np.inf
+    if width > depth:
+        part = np.argpartition(cand_d, depth - 1, axis=1)[:, :depth]
+        cand = np.take_along_axis(cand, part, 1)
+        cand_d = np.take_along_axis(cand_d, part, 1)
+    valid = np.isfinite(cand_d)
+    if not valid.any():
+        return empty
+    need = np.unique(cand[valid])
+    lookup = index.reader.vectors(need, index.column, metric)
+    exact = np.full(cand.shape, np.inf, dtype=np.float32)
+    vecs = lookup(cand[valid])
+    owners = np.nonzero(valid)[0]
+    if metric == "l2":
+        diff = vecs - queries[owners]
+        exact[valid] = np.einsum("ij,ij->i", diff, diff)
+    else:
+        dots = np.einsum("ij,ij->i", vecs, queries[owners])
+        exact[valid] = 1.0 - dots if metric == "cosine" else -dots
+    best = np.argsort(exact, axis=1, kind="stable")[:, :k]
+    rows = np.take_along_axis(cand, best, 1)
+    dist = np.take_along_axis(exact, best, 1)
     out = []
     for qi in range(n_q):
-        p = picked[qi]
-        if p is None or not len(p):
-            out.append((np.zeros(0, np.int64), np.zeros(0, np.float32)))
-            continue
-        d = distances(queries[qi][None, :], exact(p), metric)[0]
-        best = np.argsort(d, kind="stable")[:k]
-        out.append((p[best], d[best]))
+        keep = np.isfinite(dist[qi])
+        out.append((rows[qi][keep], dist[qi][keep]))
     return out
 
 
@@ -207,7 +254,10 @@ def vector_search(indexes: Sequence[VectorIndex], queries: np.ndarray, probes: n
                                 None if allowed is None else (lambda rows: allowed(si, rows)))
 
     if len(indexes) > 1:
-        with ThreadPoolExecutor(max_workers=min(len(indexes), 4)) as pool:
+        # One thread per superfile; BLAS kept to one thread each so the
+        # threads do not oversubscribe the cores.
+        with threadpool_limits(1, "blas"), \
+                ThreadPoolExecutor(max_workers=min(len(indexes), os.cpu_count() or 2)) as pool:
             per_sf = list(pool.map(one, range(len(indexes))))
     else:
         per_sf = [one(0)] if indexes else []
