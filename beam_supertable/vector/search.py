@@ -21,7 +21,7 @@ from beam_supertable.reader import SuperfileReader
 from beam_supertable.vector import codes
 from beam_supertable.vector.metric import distances, nearest
 
-NPROBE_PER_SQRT_CELL = 0.6       # nprobe = ceil(0.6 * sqrt(n_cells)): recall@10 >= 0.95 on the benchmarks
+NPROBE_PER_SQRT_CELL = 0.45      # nprobe = ceil(0.45 * sqrt(n_cells)): recall@10 >= 0.95 on the benchmarks
 RERANK_PER_K = 3                 # SQ8 candidates reranked exactly, per requested k
 RUN_KEEP_PER_K = 3               # SQ8 candidates a run may contribute, per requested k
 SHORTLIST_MIN_ENTRIES = 16_384   # runs larger than this are shortlisted by 1-bit codes

@@ -168,3 +168,45 @@ def test_bad_input_names_row_and_column_and_commits_nothing(tmp_path):
         strict.search(vector=[1.0])
     with pytest.raises(SupertableError, match="no text columns"):
         strict.search(text="x")
+
+
+@pytest.mark.parametrize("shortlist", [False, True])
+def test_fine_runs_and_bit_shortlists_keep_recall(tmp_path, monkeypatch, shortlist):
+    from beam_supertable import superfile
+    from beam_supertable.vector import search as vs
+
+    monkeypatch.setattr(superfile, "FINE_RUN_BYTES", 16384)    # ~900 rows a fine run
+    if shortlist:  # 1-bit codes pick the best half of every run before SQ8 scoring
+        monkeypatch.setattr(vs, "SHORTLIST_MIN_ENTRIES", 64)
+        monkeypatch.setattr(vs, "SHORTLIST_SHARE", 0.5)
+    rng = np.random.default_rng(3)
+    dim = 64
+    x = (rng.normal(size=(8, dim)) * 3)[rng.integers(0, 8, 6000)] + rng.normal(size=(6000, dim))
+    x = x.astype(np.float32)
+    schema = pa.schema([("emb", pa.list_(pa.float32(), dim))])
+    t = Supertable.create(str(tmp_path / "t"), schema, vector_column="emb", n_cells=3)
+    t.append(pa.table({"emb": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), dim)}))
+    header = t._reader(t.superfiles()[0]).header["vector"]
+    assert max(c[4] for c in header["cells"]) > 1  # cells were split into fine runs
+    ids = t.to_arrow(columns=["_id", "emb"])
+    pos = {i: j for j, i in enumerate(ids["_id"].to_pylist())}
+    emb = np.asarray(ids["emb"].combine_chunks().flatten().to_numpy(), np.float32).reshape(-1, dim)
+    queries = x[:30] + 0.05
+    truth = nearest(queries, emb, "l2", 10)
+    got = t.search(vector=queries, k=10, nprobe=3)
+    hits = sum(len({pos[i] for i in got.filter(pc.field("_query") == qi)["_id"].to_pylist()}
+                   & set(truth[qi].tolist())) for qi in range(30))
+    assert hits / 300 >= 0.9
+
+
+def test_concurrent_first_appends_agree_on_one_grid(tmp_path):
+    uri = str(tmp_path / "t")
+    Supertable.create(uri, SCHEMA, vector_column="emb")
+    a, b = Supertable.open(uri), Supertable.open(uri)
+    data, x = _data(2000, seed=4)
+    a.append(data.slice(0, 1000))
+    b.append(data.slice(1000))  # its grid stamp loses; it re-assigns against a's grid
+    t = Supertable.open(uri)
+    assert t.count_rows() == 2000
+    assert {e["grid"] for e in t.superfiles()} == {t.properties["grid"]["sha256"]}
+    assert _recall(t, x, x[:20] + 0.05) >= 0.9
