@@ -1,0 +1,568 @@
+"""Beam transforms: ``WriteToSupertable`` and ``ReadFromSupertable``.
+
+``WriteToSupertable`` is a two-stage write in the manner of Beam's
+``WriteToFiles``: workers build and upload superfiles under fresh names in
+parallel, then one step commits their manifest entries as one OCC commit
+whose idempotency token comes from the job and the window/firing, so a
+retried bundle or a rerun of the same job never commits twice. Superfiles of
+failed attempts are orphans that ``Supertable.vacuum`` reclaims.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import uuid
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from apache_beam import pvalue
+from apache_beam.metrics import Metrics
+from apache_beam.transforms import trigger, window
+from apache_beam.transforms.display import DisplayDataItem
+
+from beam_supertable.errors import (
+    CommitConflictError, SchemaMismatchError, SupertableError, TableExistsError)
+from beam_supertable.manifest import CommitRequest
+from beam_supertable.schema import ID, conform
+from beam_supertable.superfile import vectors_of
+from beam_supertable.table import Supertable, _may_match
+from beam_supertable.vector import grid as grid_mod
+from beam_supertable.writer import TARGET_SUPERFILE_BYTES, build_and_upload
+
+__all__ = ["CommitResult", "ReadFromSupertable", "WriteToSupertable"]
+
+_LOG = logging.getLogger(__name__)
+NAMESPACE = "beam_supertable"
+INVALID_TAG = "invalid"
+DEFAULT_BATCH_ROWS = 4096
+DEFAULT_GRID_SAMPLE_ROWS = 50_000
+DEFAULT_COMMIT_EVERY_S = 60
+DEFAULT_STREAMING_SHARDS = 2     # superfiles per firing when the input size is unknown
+FAIL_FIRST_ENV = "BEAM_SUPERTABLE_FAIL_FIRST"   # test hook: "<dir>:<stage>[,<stage>]"
+
+
+class CommitResult(NamedTuple):
+    """One commit of ``WriteToSupertable``."""
+
+    version: int
+    rows: int
+    superfiles: int
+
+
+def _fail_first_attempt(stage: str, key: str) -> None:
+    """Test hook: the first attempt of a stage fails after its side effects.
+
+    Set ``BEAM_SUPERTABLE_FAIL_FIRST=<dir>:build,commit``; each (stage, key)
+    fails once, remembered by a marker file in ``<dir>`` (shared by processes).
+    """
+    spec = os.environ.get(FAIL_FIRST_ENV)
+    if not spec:
+        return
+    folder, _, stages = spec.rpartition(":")
+    if stage not in stages.split(","):
+        return
+    marker = os.path.join(folder, f"{stage}-{key}".replace("/", "_"))
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    os.close(fd)
+    raise RuntimeError(f"injected failure: first attempt of {stage} {key}")
+
+
+def _open_or_create(uri, schema, vector_column, metric, fts_columns, n_cells, storage_options,
+                    replica_factor) -> Supertable:
+    try:
+        table = Supertable.open(uri, storage_options=storage_options)
+    except FileNotFoundError:
+        if schema is None:
+            raise ValueError(
+                f"WriteToSupertable: no table at {uri!r} and no schema to create one; "
+                "pass schema=pyarrow.schema([...])") from None
+        try:
+            return Supertable.create(uri, schema, vector_column=vector_column, metric=metric,
+                                     fts_columns=fts_columns, n_cells=n_cells,
+                                     storage_options=storage_options,
+                                     replica_factor=replica_factor)
+        except TableExistsError:
+            table = Supertable.open(uri, storage_options=storage_options)
+    if schema is not None and not schema.equals(table.user_schema):
+        raise SchemaMismatchError(
+            f"WriteToSupertable: schema does not match the table at {uri!r}.\n"
+            f"received:\n{schema}\nthe table has:\n{table.user_schema}")
+    return table
+
+
+class _ToBatches(beam.DoFn):
+    """A list of rows (dicts) or RecordBatches -> conformed Arrow tables.
+
+    Rows that do not fit go to ``invalid`` with the reason (or fail the job
+    with ``on_invalid="fail"``); the others go on.
+    """
+
+    def __init__(self, uri, storage_options, on_invalid):
+        self._uri, self._options, self._on_invalid = uri, storage_options, on_invalid
+
+    def setup(self):
+        table = Supertable.open(self._uri, storage_options=self._options)
+        self._schema = table.user_schema
+        vp = table.properties.get("vector")
+        self._vector = vp["column"] if vp else None
+        self._invalid = Metrics.counter(NAMESPACE, "invalid_rows")
+
+    def process(self, elements):
+        rows = []
+        for element in elements:
+            if isinstance(element, (pa.RecordBatch, pa.Table)):
+                try:
+                    yield conform(self._uri, element, self._schema, self._vector)
+                except (SchemaMismatchError, pa.ArrowException, TypeError, ValueError):
+                    rows.extend(element.to_pylist())  # find the offending rows below
+            elif isinstance(element, dict):
+                rows.append(element)
+            else:
+                yield from self._reject(element, "expected a dict row or a RecordBatch, got "
+                                                 f"{type(element).__name__}")
+        if rows:
+            yield from self._conform_rows(rows)
+
+    def _one(self, rows):
+        return conform(self._uri, pa.Table.from_pylist(rows, schema=self._schema),
+                       self._schema, self._vector)
+
+    def _conform_rows(self, rows):
+        try:
+            yield self._one(rows)
+            return
+        except (SchemaMismatchError, pa.ArrowException, TypeError, ValueError, KeyError):
+            pass
+        good = []
+        for row in rows:  # find the offenders one by one; keep the rest
+            try:
+                extra = [k for k in row if k not in self._schema.names]
+                if extra:
+                    raise SchemaMismatchError(f"column(s) {extra} are not in the table schema")
+                good.append(self._one([row]))
+            except (SchemaMismatchError, pa.ArrowException, TypeError, ValueError, KeyError) as exc:
+                yield from self._reject(row, self._diagnose(row, exc))
+        if good:
+            yield pa.concat_tables(good)
+
+    def _diagnose(self, row, exc) -> str:
+        """Names the first column of ``row`` that does not convert, with why."""
+        for field in self._schema:
+            try:
+                pa.array([row.get(field.name)], type=field.type)
+            except (pa.ArrowException, TypeError, ValueError) as err:
+                return f"column {field.name!r}: {err}"
+        return str(exc)
+
+    def _reject(self, element, reason):
+        if self._on_invalid == "fail":
+            raise SchemaMismatchError(f"WriteToSupertable: invalid row {element!r}: {reason}")
+        self._invalid.inc()
+        yield pvalue.TaggedOutput(INVALID_TAG, (element, reason))
+
+
+class _SampleVectors(beam.CombineFn):
+    """Row count, Arrow bytes and a bounded random sample of the vectors."""
+
+    def __init__(self, column: Optional[str], dim: int, limit: int) -> None:
+        self._column, self._dim, self._limit = column, dim, limit
+
+    def create_accumulator(self):
+        return (0, 0, None)
+
+    def add_input(self, acc, table):
+        rows, nbytes, sample = acc
+        if self._column is not None and table.num_rows:
+            x = vectors_of(table, self._column, self._dim)
+            sample = x if sample is None else np.concatenate([sample, x])
+            sample = self._cap(sample)
+        return rows + table.num_rows, nbytes + table.nbytes, sample
+
+    def merge_accumulators(self, accs):
+        rows = sum(a[0] for a in accs)
+        nbytes = sum(a[1] for a in accs)
+        parts = [a[2] for a in accs if a[2] is not None]
+        return rows, nbytes, self._cap(np.concatenate(parts)) if parts else None
+
+    def _cap(self, sample):
+        if len(sample) <= self._limit:
+            return sample
+        rng = np.random.default_rng(len(sample))
+        return sample[np.sort(rng.choice(len(sample), self._limit, replace=False))]
+
+    def extract_output(self, acc):
+        return acc
+
+
+class _Plan(beam.DoFn):
+    """Bounded input: the grid (the table's, or one trained on the sample) and n_shards."""
+
+    def __init__(self, uri, storage_options, n_shards):
+        self._uri, self._options, self._n_shards = uri, storage_options, n_shards
+
+    def process(self, stats):
+        rows, nbytes, sample = stats
+        table = Supertable.open(self._uri, storage_options=self._options)
+        target = table.properties.get("target_superfile_bytes", TARGET_SUPERFILE_BYTES)
+        plan = {"n_shards": self._n_shards or max(1, math.ceil(nbytes / target)),
+                "centroids": None, "stamp": None}
+        if table.properties.get("vector"):
+            plan["centroids"] = table.grid()
+            plan["stamp"] = table.properties.get("grid")
+            if plan["centroids"] is None and sample is not None and len(sample):
+                plan["centroids"], plan["stamp"] = _train(table, sample, rows)
+        yield plan
+
+
+def _train(table: Supertable, sample: np.ndarray, rows: int):
+    """Trains and uploads a grid (not yet stamped); returns (centroids, stamp)."""
+    vp = table.properties["vector"]
+    centroids = grid_mod.train(sample, vp.get("n_cells") or grid_mod.default_n_cells(rows),
+                               vp["metric"])
+    data = grid_mod.to_bytes(centroids)
+    path = grid_mod.grid_path()
+    table.store.put_if_absent(path, data)
+    return centroids, {"path": path, "n_cells": int(len(centroids)),
+                       "sha256": grid_mod.fingerprint(data)}
+
+
+class _KeyByShard(beam.DoFn):
+    """Assigns cells (vectorized per batch) and splits each batch by shard.
+
+    Bounded input gets the grid as a side input (the plan). Unbounded input
+    uses the table's grid when it has one; before the first vector commit the
+    rows are spread over shards and the build step trains a grid.
+    """
+
+    def __init__(self, uri, storage_options, n_shards, replica_factor):
+        self._uri, self._options = uri, storage_options
+        self._n_shards, self._replica_factor = n_shards, replica_factor
+
+    def setup(self):
+        self._table = Supertable.open(self._uri, storage_options=self._options)
+        self._vp = self._table.properties.get("vector")
+
+    def process(self, table, plan=None):
+        if plan is None:
+            n, centroids = self._n_shards, None
+            if self._vp is not None:
+                centroids = self._table.grid() if self._table.properties.get("grid") else None
+                if centroids is None:
+                    self._table.refresh()
+                    centroids = self._table.grid()
+        else:
+            n, centroids = plan["n_shards"], plan["centroids"]
+        if self._vp is None or centroids is None:
+            yield int(np.random.randint(n)), (table, None, None)
+            return
+        cells, replicas = grid_mod.assign(vectors_of(table, self._vp["column"], self._vp["dim"]),
+                                          centroids, self._vp["metric"], self._replica_factor)
+        shard = cells % n
+        for s in np.unique(shard):
+            mask = shard == s
+            yield int(s), (table.filter(pa.array(mask)), cells[mask],
+                           None if replicas is None else replicas[mask])
+
+
+class _BuildSuperfile(beam.DoFn):
+    """One shard's rows -> one uploaded superfile -> its manifest entry.
+
+    The entry carries the grid it was built against under ``_grid`` (dropped
+    before the commit), so the commit can check every entry agrees.
+    """
+
+    def __init__(self, uri, storage_options):
+        self._uri, self._options = uri, storage_options
+
+    def setup(self):
+        self._table = Supertable.open(self._uri, storage_options=self._options)
+        self._built = Metrics.counter(NAMESPACE, "superfiles_built")
+
+    def process(self, element, plan=None):
+        shard, parts = element
+        parts = list(parts)
+        table = pa.concat_tables([p[0] for p in parts])
+        cells = replicas = stamp = None
+        vp = self._table.properties.get("vector")
+        if parts[0][1] is not None:
+            cells = np.concatenate([p[1] for p in parts])
+            if parts[0][2] is not None:
+                replicas = np.concatenate([p[2] for p in parts])
+            stamp = plan["stamp"] if plan else self._table.refresh().properties.get("grid")
+        elif vp is not None:
+            # Unbounded input before any grid: train one on this shard's rows.
+            self._table.refresh()
+            centroids = self._table.grid()
+            stamp = self._table.properties.get("grid")
+            x = vectors_of(table, vp["column"], vp["dim"])
+            if centroids is None:
+                centroids, stamp = _train(self._table, x, len(x))
+            cells, replicas = grid_mod.assign(x, centroids, vp["metric"],
+                                              vp.get("replica_factor", 0.0))
+        entry = build_and_upload(self._table.store, table, self._table.layout(), cells, replicas,
+                                 stamp["sha256"] if stamp else None)
+        if stamp:
+            entry["_grid"] = stamp
+        self._built.inc()
+        _fail_first_attempt("build", str(shard))
+        yield entry
+
+
+class _Commit(beam.DoFn):
+    """Commits one firing's entries once; the token makes retries no-ops."""
+
+    def __init__(self, uri, storage_options, job_id):
+        self._uri, self._options, self._job_id = uri, storage_options, job_id
+
+    def setup(self):
+        self._commits = Metrics.counter(NAMESPACE, "commits")
+        self._rows = Metrics.counter(NAMESPACE, "rows_committed")
+
+    def process(self, element, win=beam.DoFn.WindowParam, pane=beam.DoFn.PaneInfoParam):
+        entries = sorted(element[1], key=lambda e: e["id"])
+        if not entries:
+            return
+        token = f"{self._job_id}/{win.max_timestamp().micros}/{pane.index}"
+        table = Supertable.open(self._uri, storage_options=self._options)
+        for attempt in range(3):
+            stamp, ready = self._agree_on_grid(table, entries)
+            request = CommitRequest(operation="write", add_entries=tuple(ready),
+                                    set_properties={"grid": stamp} if stamp else {},
+                                    token=token, metadata={"job": self._job_id})
+            try:
+                version = table.commit(request)
+                break
+            except CommitConflictError:
+                if not stamp or attempt == 2:
+                    raise
+                table.refresh()  # another writer stamped its grid first: re-cell against it
+        self._commits.inc()
+        rows = sum(e["rows"] for e in entries)
+        self._rows.inc(rows)
+        _fail_first_attempt("commit", token)
+        yield CommitResult(version, rows, len(entries))
+
+    @staticmethod
+    def _agree_on_grid(table: Supertable, entries: List[dict]):
+        """The grid to stamp (None if the table has one) and entries that all use it."""
+        stamps = {e["_grid"]["sha256"]: e["_grid"] for e in entries if "_grid" in e}
+        held = table.properties.get("grid")
+        if held is not None:
+            target, stamp = held, None
+        elif stamps:
+            target = stamp = stamps[sorted(stamps)[0]]
+        else:
+            return None, [{k: v for k, v in e.items() if k != "_grid"} for e in entries]
+        centroids = grid_mod.from_bytes(table.store.get(target["path"]))
+        ready = []
+        for e in entries:
+            e = dict(e)
+            e.pop("_grid", None)
+            if e.get("grid") != target["sha256"]:
+                e = _rebuild(table, e, centroids, target["sha256"])
+            ready.append(e)
+        return stamp, ready
+
+
+def _rebuild(table: Supertable, entry: dict, centroids: np.ndarray, grid_id: str) -> dict:
+    """The same rows (same ``_id`` s) rebuilt into a superfile for another grid."""
+    vp = table.properties["vector"]
+    rows = table.read_superfile(entry, table.schema.names)
+    ids = rows.column(ID).to_numpy()
+    user = rows.drop_columns([ID])
+    cells, replicas = grid_mod.assign(vectors_of(user, vp["column"], vp["dim"]), centroids,
+                                      vp["metric"], vp.get("replica_factor", 0.0))
+    return build_and_upload(table.store, user, table.layout(), cells, replicas, grid_id, ids=ids)
+
+
+class WriteToSupertable(beam.PTransform):
+    """Writes rows to a supertable with exactly-once OCC commits.
+
+    Example::
+
+        results = (rows
+                   | WriteToSupertable("s3://bucket/docs", schema=schema,
+                                       vector_column="emb", fts_columns=["body"]))
+        results.commits   # CommitResult(version, rows, superfiles), one per commit
+        results.invalid   # (row, reason) for rows that do not fit the schema
+
+    Args:
+        uri: the table; created (with the other settings) when absent.
+        schema: the user columns; required only to create the table, and must
+            match an existing table's schema (checked while the pipeline is built).
+        n_shards: superfiles per commit (default: input bytes / 64 MiB); rows
+            go to shard ``cell % n_shards`` when the table has a vector column.
+        on_invalid: ``"dead_letter"`` (the ``invalid`` output) or ``"fail"``.
+        commit_every: unbounded input commits once per this many seconds of
+            processing time (a repeated processing-time trigger).
+        job_id: names the write in commit tokens. Pass a stable id (say, the
+            batch being loaded) to make a rerun of the same job exactly-once;
+            by default each pipeline construction gets a fresh one.
+
+    Note:
+        Bounded input lands as one commit. Each commit is visible to readers
+        as soon as it lands; superfiles of attempts that fail are orphans for
+        ``vacuum``.
+    """
+
+    def __init__(self, uri: str, schema: Optional[pa.Schema] = None,
+                 vector_column: Optional[str] = None, metric: str = "l2",
+                 fts_columns: Sequence[str] = (), n_cells: Optional[int] = None,
+                 n_shards: Optional[int] = None, storage_options: Optional[dict] = None, *,
+                 on_invalid: str = "dead_letter", commit_every: float = DEFAULT_COMMIT_EVERY_S,
+                 job_id: Optional[str] = None, replica_factor: float = 0.0,
+                 batch_rows: int = DEFAULT_BATCH_ROWS,
+                 grid_sample_rows: int = DEFAULT_GRID_SAMPLE_ROWS,
+                 label: Optional[str] = None) -> None:
+        super().__init__(label)
+        if on_invalid not in ("dead_letter", "fail"):
+            raise ValueError(
+                f"WriteToSupertable: on_invalid must be 'dead_letter' or 'fail', got {on_invalid!r}")
+        if n_shards is not None and (not isinstance(n_shards, int) or n_shards < 1):
+            raise ValueError(f"WriteToSupertable: n_shards must be a positive int, got {n_shards!r}")
+        if commit_every <= 0:
+            raise ValueError(f"WriteToSupertable: commit_every must be > 0, got {commit_every!r}")
+        self._uri = uri
+        self._options = storage_options
+        self._n_shards = n_shards
+        self._on_invalid = on_invalid
+        self._commit_every = commit_every
+        self._job_id = job_id or uuid.uuid4().hex
+        self._batch_rows = batch_rows
+        self._sample_rows = grid_sample_rows
+        table = _open_or_create(uri, schema, vector_column, metric, tuple(fts_columns), n_cells,
+                                storage_options, replica_factor)
+        vp = table.properties.get("vector")
+        if vector_column is not None and (vp is None or vp["column"] != vector_column):
+            raise SchemaMismatchError(
+                f"WriteToSupertable: the table at {uri!r} indexes "
+                f"{vp['column'] if vp else 'no'} vector column, not {vector_column!r}")
+        self._vector = vp
+        self._replica_factor = vp.get("replica_factor", 0.0) if vp else 0.0
+
+    def expand(self, rows):
+        bounded = rows.is_bounded
+        if not bounded:
+            rows = rows | "Window" >> beam.WindowInto(
+                window.GlobalWindows(),
+                trigger=trigger.Repeatedly(trigger.AfterProcessingTime(self._commit_every)),
+                accumulation_mode=trigger.AccumulationMode.DISCARDING)
+        batches = (rows
+                   | "Batch" >> beam.BatchElements(min_batch_size=1,
+                                                   max_batch_size=self._batch_rows)
+                   | "Conform" >> beam.ParDo(_ToBatches(
+                       self._uri, self._options, self._on_invalid)).with_outputs(
+                           INVALID_TAG, main="batches"))
+        keyer = _KeyByShard(self._uri, self._options, self._n_shards or DEFAULT_STREAMING_SHARDS,
+                            self._replica_factor)
+        if bounded:
+            vp = self._vector
+            stats = batches.batches | "Stats" >> beam.CombineGlobally(_SampleVectors(
+                vp["column"] if vp else None, vp["dim"] if vp else 0, self._sample_rows))
+            plan = beam.pvalue.AsSingleton(stats | "Plan" >> beam.ParDo(
+                _Plan(self._uri, self._options, self._n_shards)))
+            keyed = batches.batches | "KeyByShard" >> beam.ParDo(keyer, plan)
+            built = (keyed | "GroupByShard" >> beam.GroupByKey()
+                     | "Build" >> beam.ParDo(_BuildSuperfile(self._uri, self._options), plan))
+        else:
+            keyed = batches.batches | "KeyByShard" >> beam.ParDo(keyer)
+            built = (keyed | "GroupByShard" >> beam.GroupByKey()
+                     | "Build" >> beam.ParDo(_BuildSuperfile(self._uri, self._options)))
+        commits = (built
+                   | "OneKey" >> beam.Map(lambda e: (None, e))
+                   | "Gather" >> beam.GroupByKey()
+                   | "Commit" >> beam.ParDo(_Commit(self._uri, self._options, self._job_id)))
+        return _WriteResult(commits, batches[INVALID_TAG])
+
+    def display_data(self):
+        return {
+            "uri": DisplayDataItem(self._uri, label="Table"),
+            "n_shards": DisplayDataItem(self._n_shards or 0, label="Shards (0 = by size)"),
+            "on_invalid": DisplayDataItem(self._on_invalid, label="Invalid rows"),
+            "job_id": DisplayDataItem(self._job_id, label="Job id"),
+        }
+
+
+class _WriteResult(NamedTuple):
+    commits: beam.PCollection
+    invalid: beam.PCollection
+
+
+class _ListSuperfiles(beam.DoFn):
+    def __init__(self, uri, storage_options, version, filter):  # noqa: A002
+        self._uri, self._options, self._version, self._filter = uri, storage_options, version, filter
+
+    def process(self, _):
+        table = Supertable.open(self._uri, version=self._version, storage_options=self._options)
+        for entry in table.superfiles():
+            if self._filter is None or _may_match(entry, self._filter):
+                yield entry
+
+
+class _ReadSuperfile(beam.DoFn):
+    def __init__(self, uri, storage_options, version, columns, filter, as_batches):  # noqa: A002
+        self._uri, self._options, self._version = uri, storage_options, version
+        self._columns, self._filter, self._as_batches = columns, filter, as_batches
+
+    def setup(self):
+        self._table = Supertable.open(self._uri, version=self._version,
+                                      storage_options=self._options)
+        self._read = Metrics.counter(NAMESPACE, "rows_read")
+
+    def process(self, entry):
+        names = list(self._columns) if self._columns else self._table.schema.names
+        table = self._table.read_superfile(entry, names, self._filter)
+        self._read.inc(table.num_rows)
+        if self._as_batches:
+            yield from table.to_batches()
+        else:
+            yield from table.to_pylist()
+
+
+class ReadFromSupertable(beam.PTransform):
+    """Reads one version of a supertable, in parallel by superfile.
+
+    Args:
+        version: the version to read (default: the latest when the pipeline
+            is built, so every worker reads the same snapshot).
+        columns: columns to return (default all, ``_id`` included).
+        filter: a pyarrow expression; superfiles whose column statistics rule
+            it out are skipped without being opened.
+        as_batches: yield ``pyarrow.RecordBatch`` es instead of dict rows.
+    """
+
+    def __init__(self, uri: str, version: Optional[int] = None,
+                 columns: Optional[Sequence[str]] = None, filter: Optional[pc.Expression] = None,  # noqa: A002
+                 as_batches: bool = False, storage_options: Optional[dict] = None,
+                 label: Optional[str] = None) -> None:
+        super().__init__(label)
+        table = Supertable.open(uri, version=version, storage_options=storage_options)
+        unknown = [c for c in (columns or ()) if c not in table.schema.names]
+        if unknown:
+            raise SchemaMismatchError(
+                f"ReadFromSupertable: unknown column(s) {unknown}; the table has {table.schema.names}")
+        self._uri, self._options = uri, storage_options
+        self._version = table.version
+        self._columns, self._filter, self._as_batches = columns, filter, as_batches
+
+    def expand(self, pbegin):
+        return (pbegin
+                | "Start" >> beam.Create([None])
+                | "ListSuperfiles" >> beam.ParDo(_ListSuperfiles(
+                    self._uri, self._options, self._version, self._filter))
+                | "Spread" >> beam.Reshuffle()
+                | "Read" >> beam.ParDo(_ReadSuperfile(
+                    self._uri, self._options, self._version, self._columns, self._filter,
+                    self._as_batches)))
+
+    def display_data(self):
+        return {"uri": DisplayDataItem(self._uri, label="Table"),
+                "version": DisplayDataItem(self._version, label="Version")}
