@@ -1,0 +1,191 @@
+"""WriteToSupertable / ReadFromSupertable on real Beam pipelines."""
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.test_stream import TestStream
+from apache_beam.testing.util import BeamAssertException, assert_that, equal_to
+
+from beam_supertable import ReadFromSupertable, SchemaMismatchError, Supertable, WriteToSupertable
+from beam_supertable.transforms import FAIL_FIRST_ENV
+
+D = 16
+SCHEMA = pa.schema([("n", pa.int64()), ("body", pa.string()), ("emb", pa.list_(pa.float32(), D))])
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _vectors(n, seed=0):
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(size=(20, D)) * 4
+    return (centers[rng.integers(0, 20, n)] + rng.normal(size=(n, D))).astype(np.float32)
+
+
+def _elements(n, start=0, dict_rows=2000):
+    """``n`` rows as dicts (the first ``dict_rows``) and RecordBatches of 5,000."""
+    x = _vectors(n, seed=start)
+    body = [f"row {start + i} {'even' if (start + i) % 2 == 0 else 'odd'}" for i in range(n)]
+    out = [{"n": start + i, "body": body[i], "emb": x[i].tolist()} for i in range(min(n, dict_rows))]
+    for s in range(dict_rows, n, 5000):
+        e = min(n, s + 5000)
+        out.append(pa.record_batch({
+            "n": pa.array(np.arange(start + s, start + e)), "body": body[s:e],
+            "emb": pa.FixedSizeListArray.from_arrays(pa.array(x[s:e].ravel()), D)}))
+    return out
+
+
+def _write(uri, elements, options=None, **kw):
+    p = beam.Pipeline(options=options or PipelineOptions())
+    result = p | beam.Create(elements, reshuffle=False) | WriteToSupertable(
+        uri, schema=SCHEMA, vector_column="emb", fts_columns=["body"], **kw)
+    p.run().wait_until_finish()
+    return result
+
+
+def test_round_trip_50000_rows(table_location):
+    uri, options = table_location
+    n = 50_000
+    p = TestPipeline()
+    result = p | beam.Create(_elements(n), reshuffle=False) | WriteToSupertable(
+        uri, schema=SCHEMA, vector_column="emb", fts_columns=["body"], storage_options=options)
+    assert_that(result.commits | beam.Map(lambda c: (c.rows, c.superfiles >= 1)),
+                equal_to([(n, True)]), label="one_commit")
+    p.run().wait_until_finish()
+    t = Supertable.open(uri, storage_options=options)
+    assert t.count_rows() == n and t.version == 1
+    rows = t.to_arrow(columns=["_id", "n", "body"])
+    assert sorted(rows["n"].to_pylist()) == list(range(n))
+    assert len(set(rows["_id"].to_pylist())) == n
+    x = _vectors(n)
+    assert t.search(vector=x[123], k=1)["n"].to_pylist() == [123]
+    assert t.search(text="row 77", k=1)["n"].to_pylist() == [77]
+    expected = [(r["_id"], r["n"], r["body"]) for r in rows.to_pylist()]
+    p = TestPipeline()
+    read = p | ReadFromSupertable(uri, columns=["_id", "n", "body"], storage_options=options)
+    assert_that(read | beam.Map(lambda r: (r["_id"], r["n"], r["body"])), equal_to(expected))
+    p.run().wait_until_finish()
+
+
+def test_read_as_batches_with_filter_pushdown(tmp_path):
+    uri = str(tmp_path / "t")
+    _write(uri, _elements(3000), n_shards=3)
+    t = Supertable.open(uri)
+    cut = pc.field("n") >= 2000
+    want = sorted(t.to_arrow(filter=cut)["n"].to_pylist())
+    p = TestPipeline()
+    batches = p | ReadFromSupertable(uri, columns=["n"], filter=cut, as_batches=True)
+
+    def check(got):
+        if not all(isinstance(b, pa.RecordBatch) for b in got):
+            raise BeamAssertException("expected RecordBatches")
+        ns = sorted(v for b in got for v in b.column(0).to_pylist())
+        if ns != want:
+            raise BeamAssertException(f"got {len(ns)} rows, want {len(want)}")
+
+    assert_that(batches, check)
+    p.run().wait_until_finish()
+
+
+def test_multi_process_direct_runner_gives_the_same_table(tmp_path):
+    uri = str(tmp_path / "t")
+    options = PipelineOptions(direct_num_workers=2, direct_running_mode="multi_processing")
+    _write(uri, _elements(8000), options=options)
+    t = Supertable.open(uri)
+    assert sorted(t.to_arrow(columns=["n"])["n"].to_pylist()) == list(range(8000))
+
+
+def test_exactly_once_when_build_and_commit_fail_once(tmp_path, monkeypatch):
+    uri = str(tmp_path / "t")
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    monkeypatch.setenv(FAIL_FIRST_ENV, f"{markers}:build,commit")
+    job = "load-2026-12-02"
+    attempts = 0
+    while True:  # the orchestrator reruns the same job until it succeeds
+        attempts += 1
+        try:
+            _write(uri, _elements(4000), job_id=job, n_shards=2)
+            break
+        except Exception as exc:  # noqa: BLE001 - the injected failures
+            assert "injected failure" in str(exc)
+            assert attempts < 6
+    assert attempts >= 3  # build failed once, commit failed once after landing
+    t = Supertable.open(uri)
+    assert sorted(t.to_arrow(columns=["n"])["n"].to_pylist()) == list(range(4000))
+    writes = [h for h in t.history() if h["operation"] == "write"]
+    assert len(writes) == 1
+    report = t.vacuum(older_than=0)  # the failed attempt's superfiles are orphans
+    assert any(p.startswith("data/") for p in report.removed_objects)
+    assert sorted(Supertable.open(uri).to_arrow(columns=["n"])["n"].to_pylist()) == list(range(4000))
+
+
+def test_two_pipelines_writing_at_once_both_land(tmp_path):
+    uri = str(tmp_path / "t")
+    Supertable.create(uri, SCHEMA, vector_column="emb", fts_columns=["body"])
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "tests.beam_supertable.pipeline_proc", uri, str(start), "3000"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for start in (0, 3000)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+    t = Supertable.open(uri)
+    assert sorted(t.to_arrow(columns=["n"])["n"].to_pylist()) == list(range(6000))
+    assert len({e["grid"] for e in t.superfiles()}) == 1  # one grid, whoever stamped it
+
+
+def test_streaming_commits_once_per_firing(tmp_path):
+    uri = str(tmp_path / "t")
+    Supertable.create(uri, SCHEMA, vector_column="emb", fts_columns=["body"])
+    stream = TestStream()
+    for i in range(3):
+        stream = stream.add_elements([r for r in _elements(300, start=i * 300, dict_rows=300)])
+        stream = stream.advance_processing_time(30).advance_watermark_to(i + 1)
+    stream = stream.advance_watermark_to_infinity()
+    p = TestPipeline(options=PipelineOptions(streaming=True))
+    result = p | stream | WriteToSupertable(uri, commit_every=10)
+    assert_that(result.commits | beam.Map(lambda c: c.rows), equal_to([300, 300, 300]))
+    p.run().wait_until_finish()
+    t = Supertable.open(uri)
+    assert sorted(t.to_arrow(columns=["n"])["n"].to_pylist()) == list(range(900))
+    assert t.version == 3  # one commit per firing
+    assert [h["version"] for h in t.history()] == list(range(t.version + 1))
+
+
+def test_bad_input(tmp_path):
+    uri = str(tmp_path / "t")
+    Supertable.create(uri, SCHEMA, vector_column="emb")
+    other = pa.schema([("n", pa.string())])
+    with pytest.raises(SchemaMismatchError, match="does not match"):
+        WriteToSupertable(uri, schema=other)
+    with pytest.raises(ValueError, match="no schema"):
+        WriteToSupertable(str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="on_invalid"):
+        WriteToSupertable(uri, on_invalid="ignore")
+    good = _elements(100, dict_rows=100)
+    bad = [{"n": "seven", "body": "x", "emb": [0.0] * D},
+           {"n": 1, "body": "x", "emb": [0.0] * (D - 1)},
+           {"n": 2, "body": "x", "emb": [float("nan")] * D},
+           "not a row"]
+    p = TestPipeline()
+    result = p | beam.Create(good + bad, reshuffle=False) | WriteToSupertable(uri)
+
+    def reasons(got):
+        text = sorted(r for _, r in got)
+        if len(text) != 4 or not any("'n'" in r for r in text) or not any("NaN" in r for r in text):
+            raise BeamAssertException(f"unexpected invalid output: {text}")
+
+    assert_that(result.invalid, reasons)
+    p.run().wait_until_finish()
+    assert Supertable.open(uri).count_rows() == 100
+    with pytest.raises(Exception, match="invalid row"):
+        _write(uri, bad[:1], on_invalid="fail")
