@@ -178,7 +178,10 @@ def build(table: pa.Table, *, vector: Optional[VectorSpec] = None,
         text_section, summary["text"] = fts_index.build(
             fts_index.row_texts(table, fts_columns), stop_words)
     buf = io.BytesIO()
-    writer = pq.ParquetWriter(buf, table.schema, compression="zstd")
+    # Float vectors barely compress; zstd on them costs time and slows reranks.
+    compression = {f.name: ("none" if vector is not None and f.name == vector.column else "zstd")
+                   for f in table.schema}
+    writer = pq.ParquetWriter(buf, table.schema, compression=compression)
     for start, stop in _row_groups(boundaries[1:], table.num_rows) or [(0, 0)]:
         writer.write_table(table.slice(start, stop - start))
     sections = {}

@@ -16,46 +16,44 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections import Counter
 from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from beam_supertable.fts.tokenize import tokenize
+from beam_supertable.fts.tokenize import tokenize_column
 
 BLOOM_BITS_PER_TERM = 10
 BLOOM_HASHES = 7
 BLOOM_MAX_BYTES = 1 << 20
 
 
-def row_texts(table: pa.Table, columns: Sequence[str]) -> List[str]:
-    """One text per row: the FTS columns joined (a null counts as empty)."""
-    cols = [table.column(c).to_pylist() for c in columns]
-    return [" ".join(v for v in values if v) for values in zip(*cols)] if cols else []
+def row_texts(table: pa.Table, columns: Sequence[str]) -> pa.Array:
+    """One text per row: the FTS columns joined by a space (a null counts as empty)."""
+    cols = [pc.fill_null(table.column(c).combine_chunks().cast(pa.string()), "") for c in columns]
+    if len(cols) == 1:
+        return cols[0]
+    return pc.binary_join_element_wise(*cols, " ")
 
 
-def build(texts: Sequence[str], stop_words: FrozenSet[str] = frozenset()
-          ) -> Tuple[bytes, Dict]:
-    """Index bytes and the manifest summary for one superfile's rows."""
-    postings: Dict[str, List[Tuple[int, int]]] = {}
-    lengths = np.zeros(len(texts), dtype=np.int32)
-    for row, text in enumerate(texts):
-        tokens = tokenize(text, stop_words)
-        lengths[row] = len(tokens)
-        for term, tf in Counter(tokens).items():
-            postings.setdefault(term, []).append((row, tf))
-    terms = sorted(postings)
-    df = np.array([len(postings[t]) for t in terms], dtype=np.int32)
-    start = np.zeros(len(terms) + 1, dtype=np.int64)
-    np.cumsum(df, out=start[1:])
-    rows = np.fromiter((r for t in terms for r, _ in postings[t]), dtype=np.int32,
-                       count=int(start[-1]))
-    tfs = np.fromiter((f for t in terms for _, f in postings[t]), dtype=np.int32,
-                      count=int(start[-1]))
+def build(texts, stop_words: FrozenSet[str] = frozenset()) -> Tuple[bytes, Dict]:
+    """Index bytes and the manifest summary for one superfile's rows (vectorized)."""
+    flat, rows = tokenize_column(texts, stop_words)
+    n = len(texts)
+    lengths = np.bincount(rows, minlength=n).astype(np.int32)
+    pairs = pa.table({"term": flat, "row": pa.array(rows.astype(np.int32))})
+    counted = pairs.group_by(["term", "row"]).aggregate([([], "count_all")])
+    counted = counted.sort_by([("term", "ascending"), ("row", "ascending")])
+    encoded = counted["term"].combine_chunks().dictionary_encode()
+    terms = encoded.dictionary  # first-appearance order of a sorted column: sorted
+    df = np.bincount(encoded.indices.to_numpy(), minlength=len(terms)).astype(np.int32)
+    start = np.concatenate([[0], np.cumsum(df[:-1], dtype=np.int64)]) if len(terms) else \
+        np.zeros(0, np.int64)
     batches = [
-        pa.record_batch({"term": pa.array(terms, pa.string()), "df": df, "start": start[:-1]}),
-        pa.record_batch({"row": rows, "tf": tfs}),
+        pa.record_batch({"term": terms.cast(pa.string()), "df": df, "start": start}),
+        pa.record_batch({"row": counted["row"].combine_chunks(),
+                         "tf": pc.cast(counted["count_all"], pa.int32()).combine_chunks()}),
         pa.record_batch({"length": lengths}),
     ]
     out = pa.BufferOutputStream()
@@ -63,10 +61,10 @@ def build(texts: Sequence[str], stop_words: FrozenSet[str] = frozenset()
         with pa.ipc.new_stream(out, batch.schema) as writer:
             writer.write_batch(batch)
     summary = {
-        "rows": len(texts),
+        "rows": n,
         "total_length": int(lengths.sum()),
         "terms": len(terms),
-        "bloom": bloom_build(terms),
+        "bloom": bloom_build(terms.to_pylist()),
     }
     return out.getvalue().to_pybytes(), summary
 

@@ -7,7 +7,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from beam_supertable.fts import index as fts_index
-from beam_supertable.fts.tokenize import contains_phrase, parse_query, tokenize
+from beam_supertable.fts.tokenize import contains_phrase, parse_query, tokenize_many
 from beam_supertable.reader import SuperfileReader
 
 RRF_K = 60
@@ -65,8 +65,8 @@ def text_candidates(readers: Sequence[SuperfileReader], entries: Sequence[dict],
         rows = np.where(hits)[0]
         if len(rows) and phrases:
             texts = fts_index.row_texts(readers[si].take(rows, columns=list(fts_columns)), fts_columns)
-            ok = np.array([all(contains_phrase(tokenize(tx, stop_words), ph) for ph in phrases)
-                           for tx in texts], dtype=bool)
+            ok = np.array([all(contains_phrase(toks, ph) for ph in phrases)
+                           for toks in tokenize_many(texts.to_pylist(), stop_words)], dtype=bool)
             rows = rows[ok]
         if len(rows) and allowed is not None:
             rows = rows[allowed(si, rows)]

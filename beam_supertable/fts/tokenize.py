@@ -1,19 +1,52 @@
-"""Unicode-aware tokenizer: lowercase words of letters and digits."""
+"""Unicode-aware tokenizer: lowercase words of letters and digits.
+
+One implementation (Arrow's ``utf8_lower`` and a RE2 split on everything that
+is not a Unicode letter or number) serves indexing, queries and phrase checks,
+so they can never disagree on what a word is.
+"""
 
 from __future__ import annotations
 
 import re
-from typing import FrozenSet, Iterable, List, Optional, Tuple
+from typing import FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
-_WORD = re.compile(r"[^\W_]+")
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+_NOT_WORD = r"[^\p{L}\p{N}]+"
 _QUERY = re.compile(r'(\+?)"([^"]*)"|(\+?)([^\s"]+)')
+
+
+def tokenize_column(texts, stop_words: FrozenSet[str] = frozenset()
+                    ) -> Tuple[pa.Array, np.ndarray]:
+    """All tokens of a string column, flat, with the row each came from."""
+    texts = pa.array(texts, pa.string()) if not isinstance(texts, (pa.Array, pa.ChunkedArray)) \
+        else texts
+    if isinstance(texts, pa.ChunkedArray):
+        texts = texts.combine_chunks()
+    lists = pc.split_pattern_regex(pc.utf8_lower(pc.fill_null(texts, "")), _NOT_WORD)
+    flat = pc.list_flatten(lists)
+    rows = pc.list_parent_indices(lists).to_numpy()
+    keep = pc.greater(pc.binary_length(flat), 0)
+    if stop_words:
+        keep = pc.and_(keep, pc.invert(pc.is_in(flat, value_set=pa.array(sorted(stop_words)))))
+    mask = keep.to_numpy(zero_copy_only=False)
+    return flat.filter(keep), rows[mask]
 
 
 def tokenize(text: Optional[str], stop_words: FrozenSet[str] = frozenset()) -> List[str]:
     if not text:
         return []
-    words = _WORD.findall(text.lower())
-    return [w for w in words if w not in stop_words] if stop_words else words
+    return tokenize_column([text], stop_words)[0].to_pylist()
+
+
+def tokenize_many(texts: Sequence[Optional[str]], stop_words: FrozenSet[str] = frozenset()
+                  ) -> List[List[str]]:
+    flat, rows = tokenize_column(list(texts), stop_words)
+    bounds = np.searchsorted(rows, np.arange(len(texts) + 1))
+    words = flat.to_pylist()
+    return [words[bounds[i]:bounds[i + 1]] for i in range(len(texts))]
 
 
 def parse_query(query: str, stop_words: FrozenSet[str] = frozenset()

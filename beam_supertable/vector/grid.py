@@ -9,7 +9,7 @@ import uuid
 from typing import Optional, Tuple
 
 import numpy as np
-from sklearn.cluster import KMeans
+from sklearn.cluster import KMeans, kmeans_plusplus
 
 from beam_supertable.vector.metric import distances, nearest, prepare
 
@@ -33,7 +33,10 @@ def train(vectors: np.ndarray, n_cells: int, metric: str) -> np.ndarray:
     rng = np.random.default_rng(SEED)
     size = min(len(x), max(n_cells * SAMPLE_PER_CELL, 1), MAX_SAMPLE)
     sample = x[rng.choice(len(x), size, replace=False)] if size < len(x) else x
-    km = KMeans(n_clusters=n_cells, n_init=1, max_iter=KMEANS_ITERATIONS,
+    # k-means++ with one local trial per centre: most of the quality of the
+    # default seeding at a fraction of its cost (it dominated training time).
+    init, _ = kmeans_plusplus(sample, n_cells, random_state=SEED, n_local_trials=1)
+    km = KMeans(n_clusters=n_cells, init=init, n_init=1, max_iter=KMEANS_ITERATIONS,
                 random_state=SEED).fit(sample)
     centroids = km.cluster_centers_.astype(np.float32)
     return prepare(centroids, metric) if metric == "cosine" else centroids

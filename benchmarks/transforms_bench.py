@@ -1,0 +1,92 @@
+"""WriteToSupertable / ReadFromSupertable against Beam's Parquet IO, same rows, same run.
+
+    python -m benchmarks.transforms_bench
+
+Input: 200,000 rows (128-d float32 vector + a short text) in a Parquet file
+under benchmarks/data/, read by the pipeline itself (never beam.Create).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import platform
+import shutil
+import tempfile
+import time
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from beam_supertable import ReadFromSupertable, Supertable, WriteToSupertable
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+N, DIM = 200_000, 128
+WORDS = "alpha beta gamma delta river stone cloud forest ember frost lumen quartz".split()
+
+
+def source() -> str:
+    path = os.path.join(DATA, "rows_200k.parquet")
+    if not os.path.exists(path):
+        os.makedirs(DATA, exist_ok=True)
+        rng = np.random.default_rng(0)
+        centers = rng.normal(size=(1000, DIM)).astype(np.float32)
+        x = centers[rng.integers(0, 1000, N)] + rng.normal(size=(N, DIM)).astype(np.float32)
+        table = pa.table({
+            "n": np.arange(N),
+            "body": [" ".join(rng.choice(WORDS, 6)) for _ in range(N)],
+            "emb": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), DIM),
+        })
+        pq.write_table(table, path, row_group_size=10_000)
+    return path
+
+
+def timed(build) -> float:
+    t0 = time.perf_counter()
+    with beam.Pipeline() as p:
+        build(p)
+    return time.perf_counter() - t0
+
+
+def main():
+    src = source()
+    schema = pq.read_schema(src)
+    work = tempfile.mkdtemp(prefix="transforms-bench-")
+    results = {}
+    results["write_parquet_rows"] = timed(lambda p: p | "R" >> beam.io.ReadFromParquet(src)
+                                          | beam.io.WriteToParquet(f"{work}/pq_rows/part", schema))
+    results["write_supertable_rows"] = timed(
+        lambda p: p | "R" >> beam.io.ReadFromParquet(src)
+        | WriteToSupertable(f"{work}/st_rows", schema=schema, vector_column="emb",
+                            fts_columns=["body"]))
+    results["write_parquet_batches"] = timed(
+        lambda p: p | "R" >> beam.io.ReadFromParquetBatched(src)
+        | beam.io.WriteToParquetBatched(f"{work}/pq_batches/part", schema))
+    results["write_supertable_batches"] = timed(
+        lambda p: p | "R" >> beam.io.ReadFromParquetBatched(src)
+        | WriteToSupertable(f"{work}/st_batches", schema=schema, vector_column="emb",
+                            fts_columns=["body"]))
+    assert Supertable.open(f"{work}/st_rows").count_rows() == N
+    pq_files = glob.glob(f"{work}/pq_rows/part*")
+    results["read_parquet_rows"] = timed(lambda p: p | beam.io.ReadFromParquet(f"{work}/pq_rows/part*"))
+    results["read_supertable_rows"] = timed(lambda p: p | ReadFromSupertable(f"{work}/st_rows"))
+    results["read_parquet_batches"] = timed(
+        lambda p: p | beam.io.ReadFromParquetBatched(f"{work}/pq_rows/part*"))
+    results["read_supertable_batches"] = timed(
+        lambda p: p | ReadFromSupertable(f"{work}/st_rows", as_batches=True))
+    for name, seconds in results.items():
+        print(f"{name:26s} {seconds:6.1f} s  {N / seconds:>9,.0f} rows/s", flush=True)
+    for kind in ("rows", "batches"):
+        print(f"write {kind}: supertable/parquet {results[f'write_parquet_{kind}'] / results[f'write_supertable_{kind}']:.2f}x; "
+              f"read {kind}: supertable/parquet {results[f'read_parquet_{kind}'] / results[f'read_supertable_{kind}']:.2f}x")
+    print(f"({len(pq_files)} Parquet shard(s) written by WriteToParquet)")
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python "
+          f"{platform.python_version()}, apache-beam {beam.__version__}, DirectRunner, "
+          f"{time.strftime('%Y-%m-%d')}")
+    shutil.rmtree(work)
+
+
+if __name__ == "__main__":
+    main()
