@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 import apache_beam as beam
@@ -24,6 +25,7 @@ from apache_beam import pvalue
 from apache_beam.metrics import Metrics
 from apache_beam.transforms import trigger, window
 from apache_beam.transforms.display import DisplayDataItem
+from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_supertable.errors import (
     CommitConflictError, SchemaMismatchError, SupertableError, TableExistsError)
@@ -170,36 +172,59 @@ class _ToBatches(beam.DoFn):
 
 
 class _SampleVectors(beam.CombineFn):
-    """Row count, Arrow bytes and a bounded random sample of the vectors."""
+    """Row count, Arrow bytes and a uniform random sample of the vectors.
+
+    Priority sampling: every row draws a random key and the sample is the
+    ``limit`` rows with the smallest keys, so batches and merges stay cheap
+    and the result is uniform however the input was split.
+    """
 
     def __init__(self, column: Optional[str], dim: int, limit: int) -> None:
         self._column, self._dim, self._limit = column, dim, limit
 
     def create_accumulator(self):
-        return (0, 0, None)
+        return (0, 0, np.zeros(0, np.float64), None)
 
     def add_input(self, acc, table):
-        rows, nbytes, sample = acc
-        if self._column is not None and table.num_rows:
-            x = vectors_of(table, self._column, self._dim)
+        rows, nbytes, keys, sample = acc
+        rows, nbytes = rows + table.num_rows, nbytes + table.nbytes
+        if self._column is None or table.num_rows == 0:
+            return rows, nbytes, keys, sample
+        u = np.random.random(table.num_rows)
+        if sample is not None and len(keys) >= self._limit:
+            take = u < np.partition(keys, self._limit - 1)[self._limit - 1]
+        else:
+            take = np.ones(table.num_rows, dtype=bool)
+        if take.any():
+            x = vectors_of(table.filter(pa.array(take)), self._column, self._dim)
+            keys = np.concatenate([keys, u[take]])
             sample = x if sample is None else np.concatenate([sample, x])
-            sample = self._cap(sample)
-        return rows + table.num_rows, nbytes + table.nbytes, sample
+            if len(keys) > 2 * self._limit:
+                keys, sample = self._compact(keys, sample)
+        return rows, nbytes, keys, sample
+
+    def _compact(self, keys, sample):
+        if len(keys) <= self._limit:
+            return keys, sample
+        keep = np.argpartition(keys, self._limit - 1)[:self._limit]
+        return keys[keep], sample[keep]
 
     def merge_accumulators(self, accs):
+        accs = list(accs)
         rows = sum(a[0] for a in accs)
         nbytes = sum(a[1] for a in accs)
-        parts = [a[2] for a in accs if a[2] is not None]
-        return rows, nbytes, self._cap(np.concatenate(parts)) if parts else None
-
-    def _cap(self, sample):
-        if len(sample) <= self._limit:
-            return sample
-        rng = np.random.default_rng(len(sample))
-        return sample[np.sort(rng.choice(len(sample), self._limit, replace=False))]
+        parts = [a for a in accs if a[3] is not None]
+        if not parts:
+            return rows, nbytes, np.zeros(0, np.float64), None
+        keys, sample = self._compact(np.concatenate([a[2] for a in parts]),
+                                     np.concatenate([a[3] for a in parts]))
+        return rows, nbytes, keys, sample
 
     def extract_output(self, acc):
-        return acc
+        rows, nbytes, keys, sample = acc
+        if sample is not None:
+            _, sample = self._compact(keys, sample)
+        return rows, nbytes, sample
 
 
 class _Plan(beam.DoFn):
@@ -273,10 +298,12 @@ class _KeyByShard(beam.DoFn):
 
 
 class _BuildSuperfile(beam.DoFn):
-    """One shard's rows -> one uploaded superfile -> its manifest entry.
+    """Shards' rows -> uploaded superfiles -> their manifest entries.
 
-    The entry carries the grid it was built against under ``_grid`` (dropped
-    before the commit), so the commit can check every entry agrees.
+    The shard groups of a bundle are built in parallel threads at the end of
+    the bundle (numpy and Arrow release the GIL), so one worker uses every
+    core. Each entry carries the grid it was built against under ``_grid``
+    (dropped before the commit), so the commit can check they all agree.
     """
 
     def __init__(self, uri, storage_options):
@@ -285,10 +312,25 @@ class _BuildSuperfile(beam.DoFn):
     def setup(self):
         self._table = Supertable.open(self._uri, storage_options=self._options)
         self._built = Metrics.counter(NAMESPACE, "superfiles_built")
+        self._pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 2)
 
-    def process(self, element, plan=None):
+    def teardown(self):
+        self._pool.shutdown(wait=False)
+
+    def start_bundle(self):
+        self._pending = []
+
+    def process(self, element, plan, win=beam.DoFn.WindowParam,
+                ts=beam.DoFn.TimestampParam):
         shard, parts = element
-        parts = list(parts)
+        self._pending.append((self._pool.submit(self._build, shard, list(parts), plan), win, ts))
+
+    def finish_bundle(self):
+        pending, self._pending = self._pending, []
+        for future, win, ts in pending:
+            yield WindowedValue(future.result(), ts, [win])
+
+    def _build(self, shard, parts, plan):
         table = pa.concat_tables([p[0] for p in parts])
         cells = replicas = stamp = None
         vp = self._table.properties.get("vector")
@@ -296,15 +338,16 @@ class _BuildSuperfile(beam.DoFn):
             cells = np.concatenate([p[1] for p in parts])
             if parts[0][2] is not None:
                 replicas = np.concatenate([p[2] for p in parts])
-            stamp = plan["stamp"] if plan else self._table.refresh().properties.get("grid")
+            stamp = plan["stamp"] if plan else Supertable.open(
+                self._uri, storage_options=self._options).properties.get("grid")
         elif vp is not None:
             # Unbounded input before any grid: train one on this shard's rows.
-            self._table.refresh()
-            centroids = self._table.grid()
-            stamp = self._table.properties.get("grid")
+            fresh = Supertable.open(self._uri, storage_options=self._options)
+            centroids = fresh.grid()
+            stamp = fresh.properties.get("grid")
             x = vectors_of(table, vp["column"], vp["dim"])
             if centroids is None:
-                centroids, stamp = _train(self._table, x, len(x))
+                centroids, stamp = _train(fresh, x, len(x))
             cells, replicas = grid_mod.assign(x, centroids, vp["metric"],
                                               vp.get("replica_factor", 0.0))
         entry = build_and_upload(self._table.store, table, self._table.layout(), cells, replicas,
@@ -313,7 +356,7 @@ class _BuildSuperfile(beam.DoFn):
             entry["_grid"] = stamp
         self._built.inc()
         _fail_first_attempt("build", str(shard))
-        yield entry
+        return entry
 
 
 class _Commit(beam.DoFn):
@@ -475,7 +518,7 @@ class WriteToSupertable(beam.PTransform):
         else:
             keyed = batches.batches | "KeyByShard" >> beam.ParDo(keyer)
             built = (keyed | "GroupByShard" >> beam.GroupByKey()
-                     | "Build" >> beam.ParDo(_BuildSuperfile(self._uri, self._options)))
+                     | "Build" >> beam.ParDo(_BuildSuperfile(self._uri, self._options), None))
         commits = (built
                    | "OneKey" >> beam.Map(lambda e: (None, e))
                    | "Gather" >> beam.GroupByKey()
