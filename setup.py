@@ -23,5 +23,11 @@ setup(
             "hypothesis>=6.100,<7",
             "moto[server]>=5.0.15,<6",
         ],
+        # Baselines the benchmarks compare against (not needed by the tests).
+        "bench": [
+            "faiss-cpu>=1.8,<2",
+            "bm25s>=0.2,<0.4",
+            "lancedb>=0.20,<1",
+        ],
     },
 )
