@@ -9,7 +9,7 @@ from beam_supertable.store import ObjectInfo, ObjectStore
 from beam_supertable.table import Supertable
 
 __all__ = [
-    "CommitResult", "ReadFromSupertable", "WriteToSupertable",
+    "CommitResult", "ReadFromSupertable", "WriteResult", "WriteToSupertable",
     "AlreadyExists", "CommitConflictError", "CommitRequest", "CorruptManifestError",
     "Manifest", "MemoryBudgetError", "NotATableError", "ObjectInfo", "ObjectStore", "SchemaMismatchError",
     "Snapshot", "Supertable", "SupertableError", "TableExistsError", "UnsafeBackendError",
@@ -19,7 +19,7 @@ __all__ = [
 
 def __getattr__(name):
     # The Beam transforms import apache_beam; the table itself does not need it.
-    if name in ("WriteToSupertable", "ReadFromSupertable", "CommitResult"):
+    if name in ("WriteToSupertable", "ReadFromSupertable", "CommitResult", "WriteResult"):
         from beam_supertable import transforms
         return getattr(transforms, name)
     raise AttributeError(f"module 'beam_supertable' has no attribute {name!r}")

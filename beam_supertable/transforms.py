@@ -36,7 +36,7 @@ from beam_supertable.table import Supertable, _may_match
 from beam_supertable.vector import grid as grid_mod
 from beam_supertable.writer import TARGET_SUPERFILE_BYTES, build_and_upload
 
-__all__ = ["CommitResult", "ReadFromSupertable", "WriteToSupertable"]
+__all__ = ["CommitResult", "ReadFromSupertable", "WriteResult", "WriteToSupertable"]
 
 _LOG = logging.getLogger(__name__)
 NAMESPACE = "beam_supertable"
@@ -431,11 +431,11 @@ class WriteToSupertable(beam.PTransform):
 
     Example::
 
-        results = (rows
-                   | WriteToSupertable("s3://bucket/docs", schema=schema,
-                                       vector_column="emb", fts_columns=["body"]))
-        results.commits   # CommitResult(version, rows, superfiles), one per commit
-        results.invalid   # (row, reason) for rows that do not fit the schema
+        commits = rows | WriteToSupertable("s3://bucket/docs", schema=schema,
+                                           vector_column="emb", fts_columns=["body"])
+        # commits: CommitResult(version, rows, superfiles), one per commit
+        result = rows | WriteToSupertable(...).with_invalid_output()
+        # result.commits, and result.invalid: (row, reason) for rows that do not fit
 
     Args:
         uri: the table; created (with the other settings) when absent.
@@ -481,6 +481,7 @@ class WriteToSupertable(beam.PTransform):
         self._job_id = job_id or uuid.uuid4().hex
         self._batch_rows = batch_rows
         self._sample_rows = grid_sample_rows
+        self._with_invalid = False
         table = _open_or_create(uri, schema, vector_column, metric, tuple(fts_columns), n_cells,
                                 storage_options, replica_factor)
         vp = table.properties.get("vector")
@@ -523,7 +524,18 @@ class WriteToSupertable(beam.PTransform):
                    | "OneKey" >> beam.Map(lambda e: (None, e))
                    | "Gather" >> beam.GroupByKey()
                    | "Commit" >> beam.ParDo(_Commit(self._uri, self._options, self._job_id)))
-        return _WriteResult(commits, batches[INVALID_TAG])
+        if not self._with_invalid:
+            return commits
+        return WriteResult(commits, batches[INVALID_TAG])
+
+    def with_invalid_output(self) -> "WriteToSupertable":
+        """Makes the transform return ``WriteResult(commits, invalid)``.
+
+        ``invalid`` holds ``(row, reason)`` for every row that does not fit the
+        schema (they are dropped and counted either way).
+        """
+        self._with_invalid = True
+        return self
 
     def display_data(self):
         return {
@@ -534,7 +546,9 @@ class WriteToSupertable(beam.PTransform):
         }
 
 
-class _WriteResult(NamedTuple):
+class WriteResult(NamedTuple):
+    """What ``WriteToSupertable(...).with_invalid_output()`` returns."""
+
     commits: beam.PCollection
     invalid: beam.PCollection
 

@@ -55,10 +55,10 @@ def test_round_trip_50000_rows(table_location):
     uri, options = table_location
     n = 50_000
     p = TestPipeline()
-    result = p | beam.Create(_elements(n), reshuffle=False) | WriteToSupertable(
+    commits = p | beam.Create(_elements(n), reshuffle=False) | WriteToSupertable(
         uri, schema=SCHEMA, vector_column="emb", fts_columns=["body"], storage_options=options)
-    assert_that(result.commits | beam.Map(lambda c: (c.rows, c.superfiles >= 1)),
-                equal_to([(n, True)]), label="one_commit")
+    assert_that(commits | beam.Map(lambda c: (c.version, c.rows, c.superfiles >= 1)),
+                equal_to([(1, n, True)]), label="one_commit")
     p.run().wait_until_finish()
     t = Supertable.open(uri, storage_options=options)
     assert t.count_rows() == n and t.version == 1
@@ -152,8 +152,8 @@ def test_streaming_commits_once_per_firing(tmp_path):
         stream = stream.advance_processing_time(30).advance_watermark_to(i + 1)
     stream = stream.advance_watermark_to_infinity()
     p = TestPipeline(options=PipelineOptions(streaming=True))
-    result = p | stream | WriteToSupertable(uri, commit_every=10)
-    assert_that(result.commits | beam.Map(lambda c: c.rows), equal_to([300, 300, 300]))
+    commits = p | stream | WriteToSupertable(uri, commit_every=10)
+    assert_that(commits | beam.Map(lambda c: c.rows), equal_to([300, 300, 300]))
     p.run().wait_until_finish()
     t = Supertable.open(uri)
     assert sorted(t.to_arrow(columns=["n"])["n"].to_pylist()) == list(range(900))
@@ -177,7 +177,7 @@ def test_bad_input(tmp_path):
            {"n": 2, "body": "x", "emb": [float("nan")] * D},
            "not a row"]
     p = TestPipeline()
-    result = p | beam.Create(good + bad, reshuffle=False) | WriteToSupertable(uri)
+    result = p | beam.Create(good + bad, reshuffle=False) | WriteToSupertable(uri).with_invalid_output()
 
     def reasons(got):
         text = sorted(r for _, r in got)
