@@ -68,6 +68,14 @@ def version_path(version: int) -> str:
     return f"{VERSIONS}/{version:0{VERSION_DIGITS}d}.json"
 
 
+def version_of(path: str) -> Optional[int]:
+    """The version number of a ``versions/<N>.json`` path, else None."""
+    if not path.startswith(VERSIONS + "/"):
+        return None
+    name = path.rsplit("/", 1)[-1]
+    return int(name[:-5]) if name.endswith(".json") and name[:-5].isdigit() else None
+
+
 def backoff_seconds(attempt: int, rng: random.Random = random) -> float:
     """10 ms × 2^attempt, at most 1 s, ±30% jitter."""
     base = min(BACKOFF_BASE_S * (2 ** attempt), BACKOFF_CAP_S)
@@ -259,12 +267,8 @@ class Manifest:
         return start
 
     def _listed_versions(self) -> List[int]:
-        out = []
-        for info in self.store.list(VERSIONS):
-            name = info.path.rsplit("/", 1)[-1]
-            if name.endswith(".json") and name[:-5].isdigit():
-                out.append(int(name[:-5]))
-        return sorted(out)
+        found = (version_of(info.path) for info in self.store.list(VERSIONS))
+        return sorted(v for v in found if v is not None)
 
     def exists(self) -> bool:
         try:
@@ -559,11 +563,8 @@ class Manifest:
         self.store.check_writable()
         latest = self.latest_version()
         now = time.time()
-        version_infos = {}
-        for info in self.store.list(VERSIONS):
-            name = info.path.rsplit("/", 1)[-1]
-            if name.endswith(".json") and name[:-5].isdigit():
-                version_infos[int(name[:-5])] = info
+        objects = self.store.list("")
+        version_infos = {version_of(i.path): i for i in objects if version_of(i.path) is not None}
         ordered = sorted(v for v in version_infos if v <= latest)
         keep = set(ordered[-retain_versions:])
         for v in ordered:
@@ -578,7 +579,7 @@ class Manifest:
                 referenced |= self.referenced(self._snapshot(doc))
         removed, removed_bytes = [], 0
         removed_versions = []
-        for info in self.store.list(""):
+        for info in objects:
             path = info.path
             if path in referenced:
                 continue
@@ -586,10 +587,10 @@ class Manifest:
             if young:
                 continue
             if path.startswith(VERSIONS + "/"):
-                name = path.rsplit("/", 1)[-1]
-                if not (name.endswith(".json") and name[:-5].isdigit()):
+                version = version_of(path)
+                if version is None:
                     continue
-                removed_versions.append(int(name[:-5]))
+                removed_versions.append(version)
             elif not (path.startswith(("data/", "deletes/", f"{META}/")) or
                       path.rsplit("/", 1)[-1].startswith(".tmp-")):
                 continue  # not ours: leave objects we did not write alone

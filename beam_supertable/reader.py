@@ -192,6 +192,6 @@ class SuperfileReader:
         pos = offsets[np.searchsorted(groups, g_of)] + (rows - self._rg_starts[g_of])
         return table.take(pa.array(pos))
 
-    def read(self, columns: Optional[Sequence[str]] = None, filter=None) -> pa.Table:
-        table = self._file.read(columns=list(columns) if columns else None)
-        return table.filter(filter) if filter is not None else table
+    def read(self, columns: Optional[Sequence[str]] = None) -> pa.Table:
+        """Every row of the superfile (row positions kept), optionally projected."""
+        return self._file.read(columns=list(columns) if columns else None)

@@ -66,26 +66,33 @@ def conform(uri: str, data: Data, user_schema: pa.Schema,
         if field.name == vector_column:
             col = _conform_vectors(uri, col, field)
         elif not col.type.equals(field.type):
-            try:
-                col = col.cast(field.type, safe=True)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-                raise SchemaMismatchError(
-                    f"{uri}: column {field.name!r} has type {col.type}; the table wants "
-                    f"{field.type} ({exc})") from exc
+            col = _cast(uri, col, field, "column", safe=True)
         if not field.nullable and col.null_count:
-            row = pc.index(pc.is_null(col), True).as_py()
             raise SchemaMismatchError(
-                f"{uri}: column {field.name!r} is not nullable but row {row} is null")
+                f"{uri}: column {field.name!r} is not nullable but row {_first_null(col)} is null")
         cols.append(col)
     return pa.table(cols, schema=user_schema)
+
+
+def _first_null(col) -> int:
+    return pc.index(pc.is_null(col), True).as_py()
+
+
+def _cast(uri: str, col, field: pa.Field, what: str, *, safe: bool):
+    try:
+        return col.cast(field.type, safe=safe)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        raise SchemaMismatchError(
+            f"{uri}: {what} {field.name!r} has type {col.type}; the table wants "
+            f"{field.type} ({exc})") from exc
 
 
 def _conform_vectors(uri: str, col, field: pa.Field):
     dim = field.type.list_size
     col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     if col.null_count:
-        row = pc.index(pc.is_null(col), True).as_py()
-        raise SchemaMismatchError(f"{uri}: vector column {field.name!r}: row {row} is null")
+        raise SchemaMismatchError(
+            f"{uri}: vector column {field.name!r}: row {_first_null(col)} is null")
     if pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or \
             pa.types.is_fixed_size_list(col.type):
         lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False)
@@ -94,12 +101,8 @@ def _conform_vectors(uri: str, col, field: pa.Field):
             raise SchemaMismatchError(
                 f"{uri}: vector column {field.name!r}: row {int(wrong[0])} has "
                 f"{int(lengths[wrong[0]])} values, the table's dimension is {dim}")
-    try:
-        col = col.cast(field.type, safe=False)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-        raise SchemaMismatchError(
-            f"{uri}: vector column {field.name!r} has type {col.type}; the table wants "
-            f"{field.type} ({exc})") from exc
+    # Unsafe: float64 vectors narrow to the table's float32 by design.
+    col = _cast(uri, col, field, "vector column", safe=False)
     values = np.asarray(col.flatten().to_numpy(zero_copy_only=False), dtype=np.float64)
     bad = ~np.isfinite(values)
     if bad.any():

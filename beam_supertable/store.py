@@ -48,6 +48,12 @@ def _protocol(fs) -> str:
     return proto[0] if isinstance(proto, (tuple, list)) else proto
 
 
+def _object_info(path: str, info: Dict[str, Any]) -> ObjectInfo:
+    etag = info.get("ETag") or info.get("etag")
+    return ObjectInfo(path, int(info.get("size") or 0),
+                      etag.strip('"') if isinstance(etag, str) else None, _mtime(info))
+
+
 def _mtime(info: Dict[str, Any]) -> Optional[float]:
     for field in ("mtime", "LastModified", "created", "updated"):
         value = info.get(field)
@@ -98,12 +104,6 @@ class ObjectStore:
     def full(self, path: str) -> str:
         return f"{self.root}/{path}" if path else self.root
 
-    def url(self, path: str) -> str:
-        """The fsspec URL of ``path`` (what other readers, e.g. DuckDB, open)."""
-        full = self.full(path)
-        return full if self._local else f"{self.protocol}://{full.lstrip('/')}" if self._memory \
-            else self.fs.unstrip_protocol(full)
-
     def check_writable(self) -> None:
         if not self.atomic and not self.single_writer:
             raise UnsafeBackendError(
@@ -136,9 +136,7 @@ class ObjectStore:
             raise FileNotFoundError(f"{self.uri}: no object {path!r}") from exc
         if info.get("type") == "directory":
             raise FileNotFoundError(f"{self.uri}: {path!r} is a directory, not an object")
-        etag = info.get("ETag") or info.get("etag")
-        return ObjectInfo(path, int(info.get("size") or 0),
-                          etag.strip('"') if isinstance(etag, str) else None, _mtime(info))
+        return _object_info(path, info)
 
     def exists(self, path: str) -> bool:
         try:
@@ -160,9 +158,7 @@ class ObjectStore:
             if info.get("type") == "directory":
                 continue
             rel = name[cut:] if name.startswith(self.root + "/") else name.lstrip("/")[cut - 1:]
-            etag = info.get("ETag")
-            out.append(ObjectInfo(rel, int(info.get("size") or 0),
-                                  etag.strip('"') if isinstance(etag, str) else None, _mtime(info)))
+            out.append(_object_info(rel, info))
         return sorted(out, key=lambda o: o.path)
 
     # -- writes ----------------------------------------------------------

@@ -182,7 +182,8 @@ def build(table: pa.Table, *, vector: Optional[VectorSpec] = None,
     compression = {f.name: ("none" if vector is not None and f.name == vector.column else "zstd")
                    for f in table.schema}
     writer = pq.ParquetWriter(buf, table.schema, compression=compression)
-    for start, stop in _row_groups(boundaries[1:], table.num_rows) or [(0, 0)]:
+    groups = _row_groups(boundaries[1:], table.num_rows)
+    for start, stop in groups or [(0, 0)]:
         writer.write_table(table.slice(start, stop - start))
     sections = {}
     if vector is not None:
@@ -196,7 +197,7 @@ def build(table: pa.Table, *, vector: Optional[VectorSpec] = None,
     writer.add_key_value_metadata({INDEX_KEY.decode(): json.dumps(header, separators=(",", ":"))})
     writer.close()
     data = buf.getvalue()
-    summary["row_groups"] = len(_row_groups(boundaries[1:], table.num_rows))
+    summary["row_groups"] = len(groups)
     return data, summary
 
 

@@ -4,28 +4,26 @@ from __future__ import annotations
 
 import datetime
 import logging
-import re
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
 from beam_supertable import deletes as dv
-from beam_supertable.fts import search as text_search
-from beam_supertable.vector import search as vector_search
-from beam_supertable.vector.metric import nearest
 from beam_supertable.errors import (
     CommitConflictError, MemoryBudgetError, SchemaMismatchError, SupertableError)
 from beam_supertable.manifest import (
     DEFAULT_MAX_RETRIES, CommitRequest, Manifest, Snapshot, VacuumReport)
+from beam_supertable.filters import mask, may_match
+from beam_supertable.fts import search as text_search
 from beam_supertable.reader import IOStats, SuperfileReader
 from beam_supertable.schema import ID, Data, conform, vector_dim
 from beam_supertable.store import ObjectStore
-from beam_supertable.superfile import VectorSpec
+from beam_supertable.superfile import VectorSpec, vectors_of
 from beam_supertable.vector import grid as grid_mod
-from beam_supertable.vector.metric import check_metric, prepare
+from beam_supertable.vector import search as vector_search
+from beam_supertable.vector.metric import check_metric, nearest, prepare
 from beam_supertable.writer import TARGET_SUPERFILE_BYTES, Layout, write_superfiles
 
 __all__ = ["Supertable"]
@@ -182,10 +180,16 @@ class Supertable:
             self._grid = grid_mod.from_bytes(self._store.get(ref["path"]))
         return self._grid
 
-    def train_grid(self, vectors: np.ndarray) -> tuple:
-        """Trains and uploads a grid for this table; returns (centroids, stamp)."""
+    def train_grid(self, vectors: np.ndarray, rows: Optional[int] = None) -> tuple:
+        """Trains and uploads a grid (not yet stamped); returns (centroids, stamp).
+
+        Args:
+            vectors: the training rows (all of them, or a sample).
+            rows: how many rows the grid is for, when ``vectors`` is a sample;
+                the default cell count derives from it.
+        """
         vp = self._vector_props()
-        n_cells = vp.get("n_cells") or grid_mod.default_n_cells(len(vectors))
+        n_cells = vp.get("n_cells") or grid_mod.default_n_cells(rows or len(vectors))
         centroids = grid_mod.train(vectors, n_cells, vp["metric"])
         data = grid_mod.to_bytes(centroids)
         path = grid_mod.grid_path()
@@ -260,7 +264,6 @@ class Supertable:
         if vp is not None and table.num_rows:
             centroids = self.grid()
             if centroids is None:
-                from beam_supertable.superfile import vectors_of
                 centroids, grid_ref = self.train_grid(vectors_of(table, vp["column"], vp["dim"]))
                 stamp = {"grid": grid_ref}
             grid_id = (stamp.get("grid") or self._snapshot.properties["grid"])["sha256"]
@@ -278,12 +281,9 @@ class Supertable:
         """Deletes the rows matching ``filter`` with deletion vectors, in one commit."""
         add, expected, count = {}, {}, 0
         for e in self.superfiles():
-            if not _may_match(e, filter):
+            if not may_match(e, filter):
                 continue
-            table = self._reader(e).read()
-            mask = ds.dataset(table).to_table(columns={"m": filter})["m"]
-            rows = np.where(np.asarray(pc.fill_null(mask, False).to_numpy(zero_copy_only=False),
-                                       dtype=bool))[0]
+            rows = np.where(mask(self._reader(e).read(), filter))[0]
             rows = np.setdiff1d(rows, self._deleted_rows(e))
             if len(rows) == 0:
                 continue
@@ -333,7 +333,7 @@ class Supertable:
             raise SchemaMismatchError(f"{self.uri}: unknown column(s) {unknown}")
         out = []
         for e in self.superfiles():
-            if filter is not None and not _may_match(e, filter):
+            if filter is not None and not may_match(e, filter):
                 continue
             out.append(self.read_superfile(e, names, filter))
         if not out:
@@ -343,15 +343,16 @@ class Supertable:
     def read_superfile(self, entry: dict, columns: Sequence[str],
                        filter: Optional[pc.Expression] = None) -> pa.Table:  # noqa: A002
         """One superfile's live rows, projected and filtered."""
-        reader = self._reader(entry)
-        table = reader.read()
+        # Without a filter only the asked-for columns are read; a filter may
+        # name any column, so then the whole row is read.
+        table = self._reader(entry).read(None if filter is not None else columns)
         gone = self._deleted_rows(entry)
         if len(gone):
             keep = np.ones(table.num_rows, dtype=bool)
             keep[gone] = False
             table = table.filter(pa.array(keep))
         if filter is not None:
-            table = ds.dataset(table).to_table(filter=filter)
+            table = table.filter(pa.array(mask(table, filter)))
         return table.select(list(columns))
 
     def count_rows(self, filter: Optional[pc.Expression] = None) -> int:  # noqa: A002
@@ -410,7 +411,7 @@ class Supertable:
                 raise TypeError(f"{self.uri}: text must be a string, got {type(text).__name__}")
         entries = self.superfiles()
         if filter is not None:
-            entries = [e for e in entries if _may_match(e, filter)]
+            entries = [e for e in entries if may_match(e, filter)]
         allowed = self._allowed(entries, filter)
         depth = k if (queries is None or text is None) else max(k * 4, 50)
         vec = self._vector_hits(queries, depth, nprobe, entries, allowed) \
@@ -445,9 +446,7 @@ class Supertable:
             e = entries[si]
             ok = ~np.isin(rows, self._deleted_rows(e))
             if filter is not None and ok.any():
-                table = self._reader(e).take(rows)
-                m = ds.dataset(table).to_table(columns={"m": filter})["m"]
-                ok &= np.asarray(pc.fill_null(m, False).to_numpy(zero_copy_only=False), dtype=bool)
+                ok &= mask(self._reader(e).take(rows), filter)
             return ok
 
         return allowed
@@ -518,34 +517,3 @@ class Supertable:
         if not single:
             table = table.append_column("_query", pa.array([f[0] for f in flat], pa.int32()))
         return table
-
-
-def _may_match(entry: dict, filter: pc.Expression) -> bool:  # noqa: A002
-    """False only when the superfile's column min/max rule the filter out."""
-    stats = entry.get("stats") or {}
-    if not stats:
-        return True
-    try:
-        return _range_may_match(filter, stats)
-    except (TypeError, ValueError):  # pruning is an optimization, never an error
-        return True
-
-
-_SIMPLE = re.compile(r"\((\w+) (>|>=|<|<=|==) (-?[\d.]+(?:e-?\d+)?|\"[^\"]*\")\)")
-
-
-def _range_may_match(expr: pc.Expression, stats: dict) -> bool:
-    """Prunes on ``field <op> literal`` and on ``and`` of such terms."""
-    text = str(expr)
-    m = _SIMPLE.fullmatch(text)
-    if not m:
-        return True
-    name, op, raw = m.groups()
-    if name not in stats:
-        return True
-    value = raw.strip('"') if raw.startswith('"') else float(raw)
-    mn, mx = stats[name]
-    if isinstance(value, float) and isinstance(mn, str):
-        return True
-    return {">": mx > value, ">=": mx >= value, "<": mn < value, "<=": mn <= value,
-            "==": mn <= value <= mx}[op]

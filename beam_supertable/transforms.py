@@ -32,7 +32,8 @@ from beam_supertable.errors import (
 from beam_supertable.manifest import CommitRequest
 from beam_supertable.schema import ID, conform
 from beam_supertable.superfile import vectors_of
-from beam_supertable.table import Supertable, _may_match
+from beam_supertable.filters import may_match
+from beam_supertable.table import Supertable
 from beam_supertable.vector import grid as grid_mod
 from beam_supertable.writer import TARGET_SUPERFILE_BYTES, build_and_upload
 
@@ -243,20 +244,8 @@ class _Plan(beam.DoFn):
             plan["centroids"] = table.grid()
             plan["stamp"] = table.properties.get("grid")
             if plan["centroids"] is None and sample is not None and len(sample):
-                plan["centroids"], plan["stamp"] = _train(table, sample, rows)
+                plan["centroids"], plan["stamp"] = table.train_grid(sample, rows)
         yield plan
-
-
-def _train(table: Supertable, sample: np.ndarray, rows: int):
-    """Trains and uploads a grid (not yet stamped); returns (centroids, stamp)."""
-    vp = table.properties["vector"]
-    centroids = grid_mod.train(sample, vp.get("n_cells") or grid_mod.default_n_cells(rows),
-                               vp["metric"])
-    data = grid_mod.to_bytes(centroids)
-    path = grid_mod.grid_path()
-    table.store.put_if_absent(path, data)
-    return centroids, {"path": path, "n_cells": int(len(centroids)),
-                       "sha256": grid_mod.fingerprint(data)}
 
 
 class _KeyByShard(beam.DoFn):
@@ -347,7 +336,7 @@ class _BuildSuperfile(beam.DoFn):
             stamp = fresh.properties.get("grid")
             x = vectors_of(table, vp["column"], vp["dim"])
             if centroids is None:
-                centroids, stamp = _train(fresh, x, len(x))
+                centroids, stamp = fresh.train_grid(x)
             cells, replicas = grid_mod.assign(x, centroids, vp["metric"],
                                               vp.get("replica_factor", 0.0))
         entry = build_and_upload(self._table.store, table, self._table.layout(), cells, replicas,
@@ -560,7 +549,7 @@ class _ListSuperfiles(beam.DoFn):
     def process(self, _):
         table = Supertable.open(self._uri, version=self._version, storage_options=self._options)
         for entry in table.superfiles():
-            if self._filter is None or _may_match(entry, self._filter):
+            if self._filter is None or may_match(entry, self._filter):
                 yield entry
 
 

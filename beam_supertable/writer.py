@@ -7,19 +7,18 @@ shard's superfile, upload it under a fresh name, return its entry.
 
 from __future__ import annotations
 
-import datetime
 import math
 import os
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Dict, FrozenSet, List, Optional, Sequence
+from typing import FrozenSet, List, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from beam_supertable import superfile
+from beam_supertable.filters import column_stats
 from beam_supertable.ids import new_ids
 from beam_supertable.schema import ID
 from beam_supertable.store import ObjectStore
@@ -39,27 +38,6 @@ class Layout:
     stop_words: FrozenSet[str]
     replica_factor: float = 0.0
     target_bytes: int = TARGET_SUPERFILE_BYTES
-
-
-def column_stats(table: pa.Table) -> Dict[str, List[Any]]:
-    """Per-column [min, max] for the columns a filter can prune on."""
-    stats = {}
-    for name in table.column_names:
-        col = table.column(name)
-        t = col.type
-        if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_string(t)
-                or pa.types.is_boolean(t) or pa.types.is_timestamp(t) or pa.types.is_date(t)):
-            continue
-        if col.null_count == len(col):
-            continue
-        mm = pc.min_max(col)
-        lo, hi = mm["min"].as_py(), mm["max"].as_py()
-        if isinstance(lo, (datetime.datetime, datetime.date)):
-            lo, hi = lo.isoformat(), hi.isoformat()
-        if isinstance(lo, float) and (lo != lo or hi != hi):
-            continue
-        stats[name] = [lo, hi]
-    return stats
 
 
 def shard_count(table: pa.Table, layout: Layout, n_shards: Optional[int]) -> int:

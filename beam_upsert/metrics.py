@@ -23,10 +23,8 @@ class UpsertCounters:
         for name in COUNTER_NAMES:
             setattr(self, name, Metrics.counter(NAMESPACE, name))
 
-    def count_step(self, old, new) -> None:
-        if old is None:
-            self.inserts.inc()
-        elif new is None:
-            self.deletes.inc()
-        else:
-            self.updates.inc()
+    def add_steps(self, tally) -> None:
+        """Adds a ``[inserts, updates, deletes]`` tally (see beam_upsert.emit)."""
+        for counter, n in zip((self.inserts, self.updates, self.deletes), tally):
+            if n:
+                counter.inc(n)

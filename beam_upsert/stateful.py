@@ -14,20 +14,15 @@ from apache_beam import pvalue
 from apache_beam.coders import coders
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, TimerSpec, on_timer
-from apache_beam.transforms.window import GlobalWindow
-from apache_beam.utils.windowed_value import WindowedValue
 from apache_beam.utils.timestamp import Timestamp
 
+from beam_upsert.emit import ChangeEmitter
 from beam_upsert.metrics import UpsertCounters
-from beam_upsert.model import KeyState, apply_times, resolve_prior, transition_changes
+from beam_upsert.model import KeyState, apply_times, resolve_prior
 from beam_upsert.prepare import CMD, INVALID_TAG, PRIOR, STATE, decode_key
 
 COUNTS_TAG = "counts"
 
-
-# Output goes to the global window (the transform re-windows its input there);
-# building WindowedValues directly skips a window assignment per change.
-GLOBAL_WINDOWS = (GlobalWindow(),)
 
 class StatefulUpsertFn(beam.DoFn):
     """Applies commands per key when the watermark passes their time."""
@@ -36,8 +31,7 @@ class StatefulUpsertFn(beam.DoFn):
     APPLY = TimerSpec("apply", TimeDomain.WATERMARK)
 
     def setup(self) -> None:
-        # Change times repeat across keys; Timestamp objects are costly to build.
-        self._stamps = {}
+        self._emitter = ChangeEmitter()
 
     def process(
         self,
@@ -83,25 +77,11 @@ class StatefulUpsertFn(beam.DoFn):
         stash.add((STATE,) + tuple(state))
         for entry in pending:
             stash.add(entry)
-        inserts = updates = deletes = 0
-        for at, old, new in steps:
-            if old is None:
-                inserts += 1
-            elif new is None:
-                deletes += 1
-            else:
-                updates += 1
-            ts = self._stamps.get(at)
-            if ts is None:
-                if len(self._stamps) > 4096:
-                    self._stamps.clear()
-                ts = self._stamps[at] = Timestamp(micros=at)
-            for change in transition_changes(key, old, new):
-                yield WindowedValue(change, ts, GLOBAL_WINDOWS)
+        tally = [0, 0, 0]
+        yield from self._emitter.emit(key, steps, tally)
         # Counters bumped inside timer callbacks are lost by the streaming
         # DirectRunner, so a firing reports its counts as one element.
-        yield pvalue.TaggedOutput(
-            COUNTS_TAG, (inserts, updates, deletes, late, stale))
+        yield pvalue.TaggedOutput(COUNTS_TAG, (*tally, late, stale))
 
 
 class ReportCounts(beam.DoFn):
@@ -112,7 +92,9 @@ class ReportCounts(beam.DoFn):
 
     def process(self, counts):
         c = self._counters
-        for counter, n in zip(
-                (c.inserts, c.updates, c.deletes, c.late_applied, c.stale_dropped), counts):
-            if n:
-                counter.inc(n)
+        c.add_steps(counts[:3])
+        late, stale = counts[3:]
+        if late:
+            c.late_applied.inc(late)
+        if stale:
+            c.stale_dropped.inc(stale)
