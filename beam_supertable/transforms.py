@@ -264,14 +264,16 @@ class _KeyByShard(beam.DoFn):
         self._table = Supertable.open(self._uri, storage_options=self._options)
         self._vp = self._table.properties.get("vector")
 
+    def start_bundle(self):
+        # Unbounded input before the first vector commit: look for a grid once
+        # per bundle, not once per batch.
+        if self._vp is not None and self._table.grid() is None:
+            self._table.refresh()
+
     def process(self, table, plan=None):
         if plan is None:
-            n, centroids = self._n_shards, None
-            if self._vp is not None:
-                centroids = self._table.grid() if self._table.properties.get("grid") else None
-                if centroids is None:
-                    self._table.refresh()
-                    centroids = self._table.grid()
+            n = self._n_shards
+            centroids = self._table.grid() if self._vp is not None else None
         else:
             n, centroids = plan["n_shards"], plan["centroids"]
         if self._vp is None or centroids is None:
