@@ -9,10 +9,13 @@ setup(
     python_requires=">=3.10,<3.13",
     packages=find_packages(include=["beam_upsert*", "beam_supertable*", "pipelines*"]),
     install_requires=[
-        # The Flink job server jar must match the SDK version exactly (see README).
-        "apache-beam>=2.77.0,<2.78",
-        "pyarrow>=18,<26",
-        "numpy>=1.26,<3",
+        # Pinned to the newest release whose Flink runner Maven Central serves
+        # here with all its dependencies, so the SDK and the job server built
+        # by flink/pom.xml are the same version (see README, "Running on Flink").
+        "apache-beam>=2.62.0,<2.63",
+        # apache-beam 2.62 caps pyarrow below 17 and numpy below 2.3.
+        "pyarrow>=16,<17",
+        "numpy>=1.26,<2.3",
         "scikit-learn>=1.5,<2",
         "fsspec>=2024.6.0",
         "s3fs>=2024.6.0",

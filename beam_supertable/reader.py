@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 
 from beam_supertable.fts.index import TextIndex
 from beam_supertable.store import ObjectStore
-from beam_supertable.superfile import read_header
+from beam_supertable.superfile import INDEX_KEY, read_header
 
 
 VECTOR_CACHE_BYTES = 512 << 20  # fp32 rerank vectors kept per superfile handle
@@ -83,7 +83,7 @@ class SuperfileReader:
         self._file = pq.ParquetFile(pa.PythonFile(
             RangeFile(store, entry["path"], entry["bytes"], stats), mode="r"), pre_buffer=False)
         self.metadata = self._file.metadata
-        self.header = read_header(self.metadata)
+        self.header = read_header(self.metadata, entry["bytes"])
         self._sections: Dict[str, bytes] = {}
         self._text: Optional[TextIndex] = None
         self._rg_starts = np.zeros(self.metadata.num_row_groups + 1, dtype=np.int64)
@@ -181,7 +181,7 @@ class SuperfileReader:
             schema = self._file.schema_arrow
             if columns is not None:
                 schema = pa.schema([schema.field(c) for c in columns])
-            return schema.empty_table()
+            return _without_index_key(schema.empty_table())
         groups = self.row_groups_of(rows)
         table = self._file.read_row_groups(groups.tolist(), columns=list(columns) if columns else None)
         # Map superfile rows to positions inside the concatenated row groups.
@@ -190,8 +190,18 @@ class SuperfileReader:
             offsets[i + 1] = offsets[i] + (self._rg_starts[g + 1] - self._rg_starts[g])
         g_of = np.searchsorted(self._rg_starts, rows, side="right") - 1
         pos = offsets[np.searchsorted(groups, g_of)] + (rows - self._rg_starts[g_of])
-        return table.take(pa.array(pos))
+        return _without_index_key(table.take(pa.array(pos)))
 
     def read(self, columns: Optional[Sequence[str]] = None) -> pa.Table:
         """Every row of the superfile (row positions kept), optionally projected."""
-        return self._file.read(columns=list(columns) if columns else None)
+        return _without_index_key(self._file.read(columns=list(columns) if columns else None))
+
+
+def _without_index_key(table: pa.Table) -> pa.Table:
+    # The index header travels in the Arrow schema metadata of every superfile;
+    # rows handed to users should carry only their own metadata.
+    metadata = table.schema.metadata
+    if not metadata or INDEX_KEY not in metadata:
+        return table
+    rest = {k: v for k, v in metadata.items() if k != INDEX_KEY}
+    return table.replace_schema_metadata(rest or None)

@@ -7,7 +7,13 @@ Layout of a superfile::
 The sections sit between the last row group and the Parquet footer; any
 Parquet reader ignores them. The footer's key-value metadata holds
 ``supertable.index``: JSON with the format version and, per section, its
-``[offset, length]`` in the object:
+``[offset, length]`` counted back from the start of the footer: a section
+``[offset, length]`` occupies bytes ``footer_start - offset`` up to
+``footer_start - offset + length``, where ``footer_start = object size - 8 -
+footer length`` (the little-endian uint32 before the closing ``PAR1``).
+Offsets are counted from the footer because the metadata has to be fixed
+when the writer opens (pyarrow before 17 cannot add key-value metadata
+later), and only the section sizes are known then.
 
 ``vector`` (when the table has a vector column)::
 
@@ -45,7 +51,7 @@ from beam_supertable.vector import codes
 from beam_supertable.vector.metric import prepare
 
 INDEX_KEY = b"supertable.index"
-FORMAT = 1
+FORMAT = 2
 FINE_RUN_BYTES = 2 << 20          # one fine IVF run: about 2 MiB of encoded rows
 MIN_ROW_GROUP_ROWS = 256
 MAX_ROW_GROUP_ROWS = 65_536
@@ -181,27 +187,38 @@ def build(table: pa.Table, *, vector: Optional[VectorSpec] = None,
     # Float vectors barely compress; zstd on them costs time and slows reranks.
     compression = {f.name: ("none" if vector is not None and f.name == vector.column else "zstd")
                    for f in table.schema}
-    writer = pq.ParquetWriter(buf, table.schema, compression=compression)
+    blobs = {f"vector.{name}": data for name, data in vector_sections.items()} \
+        if vector is not None else {}
+    if text_section is not None:
+        blobs["text"] = text_section
+    back = sum(len(data) for data in blobs.values())
+    sections = {}
+    for name, data in blobs.items():
+        sections[name] = [back, len(data)]
+        back -= len(data)
+    header["sections"] = sections
+    metadata = dict(table.schema.metadata or {})
+    metadata[INDEX_KEY] = json.dumps(header, separators=(",", ":")).encode()
+    writer = pq.ParquetWriter(buf, table.schema.with_metadata(metadata), compression=compression)
     groups = _row_groups(boundaries[1:], table.num_rows)
     for start, stop in groups or [(0, 0)]:
         writer.write_table(table.slice(start, stop - start))
-    sections = {}
-    if vector is not None:
-        for name, data in vector_sections.items():
-            sections[f"vector.{name}"] = [buf.tell(), len(data)]
-            buf.write(data)
-    if text_section is not None:
-        sections["text"] = [buf.tell(), len(text_section)]
-        buf.write(text_section)
-    header["sections"] = sections
-    writer.add_key_value_metadata({INDEX_KEY.decode(): json.dumps(header, separators=(",", ":"))})
+    for data in blobs.values():
+        buf.write(data)
     writer.close()
     data = buf.getvalue()
     summary["row_groups"] = len(groups)
     return data, summary
 
 
-def read_header(metadata: pq.FileMetaData) -> Dict[str, Any]:
+def read_header(metadata: pq.FileMetaData, size: int) -> Dict[str, Any]:
+    """The index header of an object of ``size`` bytes, section offsets made absolute."""
     kv = metadata.metadata or {}
     raw = kv.get(INDEX_KEY)
-    return json.loads(raw) if raw else {"format": FORMAT, "sections": {}}
+    if not raw:
+        return {"format": FORMAT, "sections": {}}
+    header = json.loads(raw)
+    footer_start = size - 8 - metadata.serialized_size
+    header["sections"] = {name: [footer_start - back, length]
+                          for name, (back, length) in header["sections"].items()}
+    return header

@@ -406,6 +406,30 @@ class _Commit(beam.DoFn):
         return stamp, ready
 
 
+class _BuildAndCommit(beam.DoFn):
+    """Unbounded input: one firing's shard parts -> superfiles -> one commit."""
+
+    def __init__(self, uri, storage_options, job_id):
+        self._builder = _BuildSuperfile(uri, storage_options)
+        self._committer = _Commit(uri, storage_options, job_id)
+
+    def setup(self):
+        self._builder.setup()
+        self._committer.setup()
+
+    def teardown(self):
+        self._builder.teardown()
+
+    def process(self, element, win=beam.DoFn.WindowParam, pane=beam.DoFn.PaneInfoParam):
+        by_shard: Dict[int, list] = {}
+        for shard, part in element[1]:
+            by_shard.setdefault(shard, []).append(part)
+        futures = [self._builder._pool.submit(self._builder._build, shard, parts, None)
+                   for shard, parts in sorted(by_shard.items())]
+        entries = [f.result() for f in futures]
+        yield from self._committer.process((None, entries), win, pane)
+
+
 def _rebuild(table: Supertable, entry: dict, centroids: np.ndarray, grid_id: str) -> dict:
     """The same rows (same ``_id`` s) rebuilt into a superfile for another grid."""
     vp = table.properties["vector"]
@@ -507,14 +531,21 @@ class WriteToSupertable(beam.PTransform):
             keyed = batches.batches | "KeyByShard" >> beam.ParDo(keyer, plan)
             built = (keyed | "GroupByShard" >> beam.GroupByKey()
                      | "Build" >> beam.ParDo(_BuildSuperfile(self._uri, self._options), plan))
+            commits = (built
+                       | "OneKey" >> beam.Map(lambda e: (None, e))
+                       | "Gather" >> beam.GroupByKey()
+                       | "Commit" >> beam.ParDo(_Commit(self._uri, self._options, self._job_id)))
         else:
-            keyed = batches.batches | "KeyByShard" >> beam.ParDo(keyer)
-            built = (keyed | "GroupByShard" >> beam.GroupByKey()
-                     | "Build" >> beam.ParDo(_BuildSuperfile(self._uri, self._options), None))
-        commits = (built
-                   | "OneKey" >> beam.Map(lambda e: (None, e))
-                   | "Gather" >> beam.GroupByKey()
-                   | "Commit" >> beam.ParDo(_Commit(self._uri, self._options, self._job_id)))
+            # One GroupByKey per firing: a second one downstream of a
+            # processing-time trigger (its continuation trigger) never lets
+            # the DirectRunner of apache-beam 2.62 finish. A firing's shards
+            # are built in parallel threads by the one worker that commits them.
+            commits = (batches.batches
+                       | "KeyByShard" >> beam.ParDo(keyer)
+                       | "OneKey" >> beam.Map(lambda e: (None, e))
+                       | "GatherFiring" >> beam.GroupByKey()
+                       | "BuildAndCommit" >> beam.ParDo(_BuildAndCommit(
+                           self._uri, self._options, self._job_id)))
         if not self._with_invalid:
             return commits
         return WriteResult(commits, batches[INVALID_TAG])

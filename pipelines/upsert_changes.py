@@ -17,6 +17,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_upsert import Upsert
 from beam_upsert.metrics import NAMESPACE
+from pipelines import flink
 from pipelines.io_formats import (
     BAD_TAG, CHANGE_SCHEMA, JOB_NAMESPACE, ChangeToRow, ParseCommand, ParseSnapshot,
     change_to_parquet_row, is_parquet, read_rows, to_json)
@@ -98,7 +99,7 @@ def run(argv: Optional[List[str]] = None) -> dict:
         epilog="Any Beam pipeline option (--runner, --flink_master, ...) is accepted too.")
     UpsertChangesOptions._add_argparse_args(parser)
     parser.parse_known_args(argv)
-    options = PipelineOptions(argv)
+    options = flink.fill_defaults(PipelineOptions(argv))
     job = options.view_as(UpsertChangesOptions)
     os.makedirs(os.path.dirname(os.path.abspath(job.output)), exist_ok=True)
     p = beam.Pipeline(options=options)

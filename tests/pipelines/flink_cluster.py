@@ -1,0 +1,155 @@
+"""A standalone Flink session cluster on loopback: a JobManager and a
+TaskManager as separate JVM processes.
+
+PyPI's ``apache-flink`` cannot be installed beside apache-beam 2.62 (it pins
+an older Beam), and Maven Central serves no Flink distribution archive here,
+so the processes are started from the Flink jars the job server build
+already fetched (``flink/target/lib``), the way Flink's own
+``jobmanager.sh``/``taskmanager.sh`` start them: ``BashJavaUtils`` turns the
+memory settings into JVM flags and dynamic properties, then the entry point
+classes run with ``--configDir``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from typing import List, Optional
+
+JOBMANAGER = "org.apache.flink.runtime.entrypoint.StandaloneSessionClusterEntrypoint"
+TASKMANAGER = "org.apache.flink.runtime.taskexecutor.TaskManagerRunner"
+BASH_JAVA_UTILS = "org.apache.flink.runtime.util.bash.BashJavaUtils"
+RESULT_PREFIX = "BASH_JAVA_UTILS_EXEC_RESULT:"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class FlinkCluster:
+    def __init__(self, lib_dir: str, work_dir: str, slots: int = 2, restart_attempts: int = 3):
+        self.classpath = os.path.join(lib_dir, "*")
+        self.work_dir = work_dir
+        self.conf_dir = os.path.join(work_dir, "conf")
+        self.rest_port = _free_port()
+        self.rpc_port = _free_port()
+        self.slots = slots
+        self.restart_attempts = restart_attempts
+        self.jobmanager: Optional[subprocess.Popen] = None
+        self.taskmanagers: List[subprocess.Popen] = []
+
+    @property
+    def master(self) -> str:
+        return f"localhost:{self.rest_port}"
+
+    def _write_conf(self) -> None:
+        os.makedirs(self.conf_dir, exist_ok=True)
+        conf = {
+            "jobmanager.rpc.address": "localhost",
+            "jobmanager.rpc.port": self.rpc_port,
+            "jobmanager.bind-host": "localhost",
+            "taskmanager.bind-host": "localhost",
+            "taskmanager.host": "localhost",
+            "rest.address": "localhost",
+            "rest.bind-address": "localhost",
+            "rest.port": self.rest_port,
+            "jobmanager.memory.process.size": "1024m",
+            "taskmanager.memory.process.size": "3072m",
+            # Beam's batch translation opens many shuffle channels at once;
+            # Flink's default network memory (~10 % of the process) is too little.
+            "taskmanager.memory.network.min": "512m",
+            "taskmanager.memory.network.max": "512m",
+            "taskmanager.numberOfTaskSlots": self.slots,
+            "parallelism.default": self.slots,
+            # A failed task restarts the job (Beam sets no strategy of its own).
+            "restart-strategy.type": "fixed-delay",
+            "restart-strategy.fixed-delay.attempts": self.restart_attempts,
+            "restart-strategy.fixed-delay.delay": "1 s",
+            "heartbeat.timeout": 20000,
+        }
+        with open(os.path.join(self.conf_dir, "flink-conf.yaml"), "w") as f:
+            for key, value in conf.items():
+                f.write(f"{key}: {value}\n")
+
+    def _resource_params(self, which: str) -> List[List[str]]:
+        out = subprocess.run(
+            ["java", "-cp", self.classpath, BASH_JAVA_UTILS, which, "--configDir", self.conf_dir],
+            check=True, capture_output=True, text=True).stdout
+        lines = [line[len(RESULT_PREFIX):] for line in out.splitlines()
+                 if line.startswith(RESULT_PREFIX)]
+        return [line.split() for line in lines]
+
+    def _java(self, name: str, main: str, params: List[List[str]]) -> subprocess.Popen:
+        jvm, dynamic = params[0], params[1] if len(params) > 1 else []
+        log = open(os.path.join(self.work_dir, f"{name}.log"), "ab")
+        return subprocess.Popen(
+            ["java", *jvm, "-cp", self.classpath, main, "--configDir", self.conf_dir, *dynamic],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def start(self, timeout: float = 90) -> "FlinkCluster":
+        self._write_conf()
+        self.jobmanager = self._java("jobmanager", JOBMANAGER,
+                                     self._resource_params("GET_JM_RESOURCE_PARAMS"))
+        self.start_taskmanager()
+        self.wait_for(lambda o: o["taskmanagers"] >= 1 and o["slots-available"] >= self.slots,
+                      timeout, "a registered TaskManager")
+        return self
+
+    def start_taskmanager(self) -> subprocess.Popen:
+        n = len(self.taskmanagers)
+        tm = self._java(f"taskmanager-{n}", TASKMANAGER,
+                        self._resource_params("GET_TM_RESOURCE_PARAMS"))
+        self.taskmanagers.append(tm)
+        return tm
+
+    def rest(self, path: str) -> dict:
+        with urllib.request.urlopen(f"http://{self.master}{path}", timeout=5) as r:
+            return json.load(r)
+
+    def overview(self) -> dict:
+        return self.rest("/overview")
+
+    def wait_for(self, predicate, timeout: float, what: str) -> dict:
+        deadline = time.time() + timeout
+        last = None
+        while time.time() < deadline:
+            if self.jobmanager is not None and self.jobmanager.poll() is not None:
+                raise RuntimeError(f"the JobManager exited; see {self.work_dir}/jobmanager.log")
+            try:
+                last = self.overview()
+                if predicate(last):
+                    return last
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"Flink cluster: no {what} within {timeout} s (last overview {last}); "
+                           f"logs in {self.work_dir}")
+
+    def job_exceptions(self) -> List[str]:
+        """Root causes of the failures every job on the cluster went through."""
+        out = []
+        for job in self.rest("/jobs")["jobs"]:
+            info = self.rest(f"/jobs/{job['id']}/exceptions")
+            for entry in info.get("exceptionHistory", {}).get("entries", []):
+                out.append(entry.get("exceptionName", "") + ": " + entry.get("stacktrace", "")[:2000])
+        return out
+
+    def stop(self) -> None:
+        for proc in self.taskmanagers + [self.jobmanager]:
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.taskmanagers + [self.jobmanager]:
+            if proc is None:
+                continue
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()

@@ -1,0 +1,89 @@
+"""Pipelines on a standalone Flink cluster (JobManager and TaskManager as
+separate processes, ``flink_master=localhost:<port>``), including recovery
+from a task that fails mid-job."""
+
+import json
+import os
+
+import apache_beam as beam
+import pytest
+
+from beam_supertable import ReadFromSupertable, Supertable, WriteToSupertable
+from beam_supertable.transforms import FAIL_FIRST_ENV
+from pipelines import flink, upsert_changes
+from tests.pipelines.flink_cluster import FlinkCluster
+from tests.pipelines.test_flink import SCHEMA, _read_lines, _rows
+
+pytestmark = [pytest.mark.flink, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    jar = flink.job_server_jar()
+    lib = os.path.join(os.path.dirname(jar), "lib")
+    work = str(tmp_path_factory.mktemp("flink-cluster"))
+    c = FlinkCluster(lib, work, slots=2, restart_attempts=3)
+    try:
+        c.start()
+        print(f"\nFlink standalone cluster at {c.master} (logs in {work})")
+        yield c
+    finally:
+        c.stop()
+
+
+def _options(cluster, *extra):
+    return flink.flink_options(2, cluster.master, *extra)
+
+
+def test_failed_tasks_recover_with_exactly_once_table_contents(cluster, tmp_path, monkeypatch):
+    # The superfile build and the commit each fail on their first attempt,
+    # after their side effects (an uploaded superfile, a landed commit); Flink
+    # restarts the job and the rerun must neither lose nor duplicate a row.
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    monkeypatch.setenv(FAIL_FIRST_ENV, f"{markers}:build,commit")
+    n = 8000
+    rows, x = _rows(n, seed=11)
+    uri = str(tmp_path / "table")
+    p = beam.Pipeline(options=_options(cluster))
+    commits = (p | beam.Create(rows)
+               | WriteToSupertable(uri, schema=SCHEMA, vector_column="emb",
+                                   fts_columns=["body"], n_shards=2))
+    _ = (commits | beam.Map(lambda c: json.dumps([c.version, c.rows]))
+         | beam.io.WriteToText(str(tmp_path / "commits")))
+    p.run().wait_until_finish()
+
+    injected = sorted(os.listdir(markers))
+    assert any(m.startswith("build-") for m in injected), injected
+    assert any(m.startswith("commit-") for m in injected), injected
+    failures = cluster.job_exceptions()
+    assert any("injected failure" in f for f in failures), failures
+
+    t = Supertable.open(uri)
+    assert t.version == 1 and t.count_rows() == n
+    table = t.to_arrow(columns=["_id", "n"])
+    assert sorted(table["n"].to_pylist()) == list(range(n))
+    assert len(set(table["_id"].to_pylist())) == n
+    assert t.search(vector=x[777], k=1)["n"].to_pylist() == [777]
+    assert _read_lines(str(tmp_path / "commits")) == [[1, n]]
+
+    monkeypatch.delenv(FAIL_FIRST_ENV)
+    p = beam.Pipeline(options=_options(cluster))
+    _ = (p | ReadFromSupertable(uri, columns=["_id", "n"])
+         | beam.Map(lambda r: json.dumps([r["_id"], r["n"]]))
+         | beam.io.WriteToText(str(tmp_path / "read")))
+    p.run().wait_until_finish()
+    assert sorted(map(tuple, _read_lines(str(tmp_path / "read")))) == sorted(
+        zip(table["_id"].to_pylist(), table["n"].to_pylist()))
+
+
+def test_main_job_on_the_cluster_equals_direct_runner(cluster, tmp_path):
+    outputs = {}
+    for runner, extra in (("direct", []),
+                          ("flink", ["--runner=FlinkRunner", f"--flink_master={cluster.master}",
+                                     "--parallelism=2", "--environment_type=LOOPBACK"])):
+        out = str(tmp_path / runner / "changes.jsonl")
+        upsert_changes.run(["--output", out] + extra)
+        with open(out) as f, open(out + ".invalid.jsonl") as g:
+            outputs[runner] = (sorted(f), sorted(g))
+    assert outputs["flink"] == outputs["direct"] and len(outputs["flink"][0]) > 100
