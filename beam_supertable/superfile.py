@@ -218,6 +218,8 @@ def read_header(metadata: pq.FileMetaData, size: int) -> Dict[str, Any]:
     if not raw:
         return {"format": FORMAT, "sections": {}}
     header = json.loads(raw)
+    if header.get("format", FORMAT) < 2:
+        return header  # format 1 wrote absolute offsets (pyarrow >= 17 writers)
     footer_start = size - 8 - metadata.serialized_size
     header["sections"] = {name: [footer_start - back, length]
                           for name, (back, length) in header["sections"].items()}

@@ -1,0 +1,43 @@
+"""pipelines.flink option handling (no Flink runtime needed)."""
+
+from apache_beam.options.pipeline_options import (FlinkRunnerOptions, PipelineOptions,
+                                                  PortableOptions)
+
+from pipelines import flink
+from pipelines.upsert_changes import UpsertChangesOptions
+
+
+def test_flink_runner_gets_the_local_job_server_and_keeps_the_job_output(monkeypatch, tmp_path):
+    jar = tmp_path / "job-server.jar"
+    jar.write_bytes(b"")
+    monkeypatch.setenv(flink.JOB_SERVER_JAR_ENV, str(jar))
+    options = flink.fill_defaults(PipelineOptions(
+        ["--runner=FlinkRunner", "--output", "out/changes.jsonl"]))
+    assert options.view_as(FlinkRunnerOptions).flink_job_server_jar == str(jar)
+    assert options.view_as(FlinkRunnerOptions).flink_version == flink.FLINK_VERSION
+    # --output must stay the job's, not become an abbreviated --output_executable_path.
+    assert options.view_as(PortableOptions).output_executable_path is None
+    assert options.view_as(UpsertChangesOptions).output == "out/changes.jsonl"
+
+
+def test_explicit_choices_are_kept(monkeypatch):
+    monkeypatch.setenv(flink.JOB_SERVER_JAR_ENV, "/nonexistent/should-not-be-used.jar")
+    options = flink.fill_defaults(PipelineOptions(
+        ["--runner=FlinkRunner", "--flink_job_server_jar=/opt/beam/js.jar",
+         "--output_executable_path=/tmp/pipeline.jar"]))
+    assert options.view_as(FlinkRunnerOptions).flink_job_server_jar == "/opt/beam/js.jar"
+    assert options.view_as(PortableOptions).output_executable_path == "/tmp/pipeline.jar"
+
+
+def test_other_runners_are_left_alone(monkeypatch):
+    monkeypatch.setenv(flink.JOB_SERVER_JAR_ENV, "/nonexistent/should-not-be-used.jar")
+    options = flink.fill_defaults(PipelineOptions(["--output", "x.jsonl"]))
+    assert options.view_as(FlinkRunnerOptions).flink_job_server_jar is None
+
+
+def test_flink_options_for_an_embedded_cluster(monkeypatch):
+    monkeypatch.setenv(flink.JOB_SERVER_JAR_ENV, "/opt/js.jar")
+    options = flink.flink_options(2, "[local]")
+    assert options.view_as(FlinkRunnerOptions).parallelism == 2
+    assert options.view_as(FlinkRunnerOptions).flink_master == "[local]"
+    assert options.view_as(PortableOptions).environment_type == "LOOPBACK"
