@@ -113,8 +113,10 @@ def build(table: pa.Table, *, vector: Optional[VectorSpec] = None,
     index_x = None
     if vector is not None:
         x = prepare(vectors_of(table, vector.column, vector.dim), vector.metric)
+        # Rows are reordered by cell, then by fine cluster inside each cell;
+        # the table itself is taken once, with the two orders composed.
         order = np.argsort(cells, kind="stable")
-        table, x, cells = table.take(pa.array(order)), x[order], cells[order]
+        x, cells = x[order], cells[order]
         if replica_cells is not None:
             replica_cells = replica_cells[order]
         dim = vector.dim
@@ -134,7 +136,8 @@ def build(table: pa.Table, *, vector: Optional[VectorSpec] = None,
             fine_centroids.append(cent)
             boundaries.append(int(s))
         perm = np.concatenate(perm) if perm else np.zeros(0, np.int64)
-        table, x, cells = table.take(pa.array(perm)), x[perm], cells[perm]
+        table = table.take(pa.array(order[perm]))
+        x, cells = x[perm], cells[perm]
         if replica_cells is not None:
             replica_cells = replica_cells[perm]
         centroids = np.concatenate(fine_centroids) if fine_centroids else np.zeros((0, dim), np.float32)
