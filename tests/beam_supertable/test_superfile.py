@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from beam_supertable import Supertable
-from beam_supertable.superfile import INDEX_KEY
+from beam_supertable.superfile import INDEX_KEY, read_header
 
 
 def _table(n=3000, d=8, seed=0):
@@ -33,8 +33,21 @@ def test_superfile_is_plain_parquet_with_index_offsets(tmp_path):
     assert sorted(read["n"].to_pylist()) == list(range(3000))
     header = json.loads(pq.ParquetFile(io.BytesIO(raw)).metadata.metadata[INDEX_KEY])
     footer_start = len(raw) - 8 - int.from_bytes(raw[-8:-4], "little")
-    for name, (off, length) in header["sections"].items():
-        assert 4 <= off and off + length <= footer_start, name
+    # Sections are [bytes before the footer, length]: back to back, the last
+    # one ending where the footer starts, all after the row groups.
+    spans = sorted((footer_start - back, length) for back, length in header["sections"].values())
+    assert spans[-1][0] + spans[-1][1] == footer_start
+    assert all(a[0] + a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    meta = pq.ParquetFile(io.BytesIO(raw)).metadata
+    chunks = [meta.row_group(i).column(j)
+              for i in range(meta.num_row_groups) for j in range(meta.num_columns)]
+    data_end = max((c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset)
+                   + c.total_compressed_size for c in chunks)
+    assert data_end <= spans[0][0]
+    absolute = read_header(meta, len(raw))["sections"]
+    assert sorted(absolute.values()) == sorted(list(s) for s in spans)
+    fine = absolute["vector.fine_centroids"]
+    assert len(raw[fine[0]:fine[0] + fine[1]]) == fine[1] > 0
     # Rows are ordered by cell: each cell's rows are one contiguous run.
     cells = header["vector"]["cells"]
     starts = [c[1] for c in cells]
