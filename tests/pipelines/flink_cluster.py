@@ -4,7 +4,7 @@ TaskManager as separate JVM processes.
 PyPI's ``apache-flink`` cannot be installed beside apache-beam 2.62 (it pins
 an older Beam), and Maven Central serves no Flink distribution archive here,
 so the processes are started from the Flink jars the job server build
-already fetched (``flink/target/lib``), the way Flink's own
+already fetched (``flink/target/beam-flink-job-server-lib``), the way Flink's own
 ``jobmanager.sh``/``taskmanager.sh`` start them: ``BashJavaUtils`` turns the
 memory settings into JVM flags and dynamic properties, then the entry point
 classes run with ``--configDir``.

@@ -151,3 +151,17 @@ def test_main_job_on_flink_equals_direct_runner(flink_jar, tmp_path):
     assert len(outputs["flink"][0]) > 100 and len(outputs["flink"][1]) == 2
     for name in ("inserts", "updates", "deletes", "rehydrated"):
         assert summaries["flink"].get(name) == summaries["direct"].get(name), name
+
+
+def test_plain_flink_runner_options_find_the_staged_job_server(flink_jar):
+    # No jar named: Beam looks in its jar cache, where scripts/flink-job-server
+    # staged the job server, before trying to download one.
+    commands, prior = _workload(seed=3, n=400, keys=40, times=5)
+    expected = reference_upsert(commands, prior)
+    p = beam.Pipeline(options=PipelineOptions([
+        "--runner=FlinkRunner", "--flink_master=[local]", "--parallelism=2",
+        "--environment_type=LOOPBACK"]))
+    cmds = (p | "Cmds" >> beam.Create(timestamped(commands)) | "Stamp" >> beam.ParDo(_Stamp()))
+    changes = cmds | Upsert("grouped", prior=p | "Prior" >> beam.Create(prior))
+    assert_that(changes | beam.ParDo(_WithTime()), equal_to(expected))
+    p.run().wait_until_finish()

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.flink, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     jar = flink.job_server_jar()
-    lib = os.path.join(os.path.dirname(jar), "lib")
+    lib = os.path.join(os.path.dirname(jar), "beam-flink-job-server-lib")
     work = str(tmp_path_factory.mktemp("flink-cluster"))
     c = FlinkCluster(lib, work, slots=2, restart_attempts=3)
     try:
