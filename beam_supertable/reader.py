@@ -83,7 +83,7 @@ class SuperfileReader:
         self._file = pq.ParquetFile(pa.PythonFile(
             RangeFile(store, entry["path"], entry["bytes"], stats), mode="r"), pre_buffer=False)
         self.metadata = self._file.metadata
-        self.header = read_header(self.metadata, entry["bytes"])
+        self.header = read_header(self.metadata)
         self._sections: Dict[str, bytes] = {}
         self._text: Optional[TextIndex] = None
         self._rg_starts = np.zeros(self.metadata.num_row_groups + 1, dtype=np.int64)

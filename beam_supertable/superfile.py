@@ -7,13 +7,12 @@ Layout of a superfile::
 The sections sit between the last row group and the Parquet footer; any
 Parquet reader ignores them. The footer's key-value metadata holds
 ``supertable.index``: JSON with the format version and, per section, its
-``[offset, length]`` counted back from the start of the footer: a section
-``[offset, length]`` occupies bytes ``footer_start - offset`` up to
-``footer_start - offset + length``, where ``footer_start = object size - 8 -
-footer length`` (the little-endian uint32 before the closing ``PAR1``).
-Offsets are counted from the footer because the metadata has to be fixed
-when the writer opens (pyarrow before 17 cannot add key-value metadata
-later), and only the section sizes are known then.
+``[offset, length]`` in the object.
+
+The metadata has to be fixed when the writer opens (pyarrow before 17
+cannot add key-value metadata later), so the row groups are first encoded
+into a byte-counting sink to learn where they end; encoding is
+deterministic, and the real write checks that it ends at the same byte.
 
 ``vector`` (when the table has a vector column)::
 
@@ -51,7 +50,7 @@ from beam_supertable.vector import codes
 from beam_supertable.vector.metric import prepare
 
 INDEX_KEY = b"supertable.index"
-FORMAT = 2
+FORMAT = 1
 FINE_RUN_BYTES = 2 << 20          # one fine IVF run: about 2 MiB of encoded rows
 MIN_ROW_GROUP_ROWS = 256
 MAX_ROW_GROUP_ROWS = 65_536
@@ -202,37 +201,42 @@ def build(table: pa.Table, *, vector: Optional[VectorSpec] = None,
         if vector is not None else {}
     if text_section is not None:
         blobs["text"] = text_section
-    back = sum(len(data) for data in blobs.values())
+    options = dict(compression=compression, use_dictionary=dictionary,
+                   write_statistics=statistics)
+    groups = _row_groups(boundaries[1:], table.num_rows)
+    measuring, offset = _write_row_groups(pa.MockOutputStream(), table, table.schema,
+                                          groups, options)
+    measuring.close()
     sections = {}
     for name, data in blobs.items():
-        sections[name] = [back, len(data)]
-        back -= len(data)
+        sections[name] = [offset, len(data)]
+        offset += len(data)
     header["sections"] = sections
     metadata = dict(table.schema.metadata or {})
     metadata[INDEX_KEY] = json.dumps(header, separators=(",", ":")).encode()
-    writer = pq.ParquetWriter(buf, table.schema.with_metadata(metadata), compression=compression,
-                              use_dictionary=dictionary, write_statistics=statistics)
-    groups = _row_groups(boundaries[1:], table.num_rows)
-    for start, stop in groups or [(0, 0)]:
-        writer.write_table(table.slice(start, stop - start))
-    for data in blobs.values():
-        buf.write(data)
+    writer, data_end = _write_row_groups(buf, table, table.schema.with_metadata(metadata),
+                                         groups, options)
+    for name, (start, length) in sections.items():
+        if start != data_end:
+            raise RuntimeError(f"superfile: section {name} would start at byte {data_end}, "
+                               f"not {start} as the measuring pass said")
+        buf.write(blobs[name])
+        data_end += length
     writer.close()
     data = buf.getvalue()
     summary["row_groups"] = len(groups)
     return data, summary
 
 
-def read_header(metadata: pq.FileMetaData, size: int) -> Dict[str, Any]:
-    """The index header of an object of ``size`` bytes, section offsets made absolute."""
+def _write_row_groups(sink, table: pa.Table, schema: pa.Schema, groups, options):
+    """Opens a writer on ``sink`` and writes the row groups; returns it and where they end."""
+    writer = pq.ParquetWriter(sink, schema, **options)
+    for start, stop in groups or [(0, 0)]:
+        writer.write_table(table.slice(start, stop - start))
+    return writer, sink.tell()
+
+
+def read_header(metadata: pq.FileMetaData) -> Dict[str, Any]:
     kv = metadata.metadata or {}
     raw = kv.get(INDEX_KEY)
-    if not raw:
-        return {"format": FORMAT, "sections": {}}
-    header = json.loads(raw)
-    if header.get("format", FORMAT) < 2:
-        return header  # format 1 wrote absolute offsets (pyarrow >= 17 writers)
-    footer_start = size - 8 - metadata.serialized_size
-    header["sections"] = {name: [footer_start - back, length]
-                          for name, (back, length) in header["sections"].items()}
-    return header
+    return json.loads(raw) if raw else {"format": FORMAT, "sections": {}}

@@ -24,6 +24,7 @@ from beam_supertable import ReadFromSupertable, Supertable, WriteToSupertable
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 N, DIM = 200_000, 128
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 WORDS = "alpha beta gamma delta river stone cloud forest ember frost lumen quartz".split()
 
 
@@ -54,34 +55,44 @@ def main():
     src = source()
     schema = pq.read_schema(src)
     work = tempfile.mkdtemp(prefix="transforms-bench-")
+
+    def cases(i):
+        # Writes go to fresh locations each round; reads use round 0's output.
+        return {
+            "write_parquet_rows": lambda p: p | "R" >> beam.io.ReadFromParquet(src)
+            | beam.io.WriteToParquet(f"{work}/{i}/pq_rows/part", schema),
+            "write_supertable_rows": lambda p: p | "R" >> beam.io.ReadFromParquet(src)
+            | WriteToSupertable(f"{work}/{i}/st_rows", schema=schema, vector_column="emb",
+                                fts_columns=["body"]),
+            "write_parquet_batches": lambda p: p | "R" >> beam.io.ReadFromParquetBatched(src)
+            | beam.io.WriteToParquetBatched(f"{work}/{i}/pq_batches/part", schema),
+            "write_supertable_batches": lambda p: p | "R" >> beam.io.ReadFromParquetBatched(src)
+            | WriteToSupertable(f"{work}/{i}/st_batches", schema=schema, vector_column="emb",
+                                fts_columns=["body"]),
+            "read_parquet_rows": lambda p: p | beam.io.ReadFromParquet(f"{work}/0/pq_rows/part*"),
+            "read_supertable_rows": lambda p: p | ReadFromSupertable(f"{work}/0/st_rows"),
+            "read_parquet_batches": lambda p: p | beam.io.ReadFromParquetBatched(
+                f"{work}/0/pq_rows/part*"),
+            "read_supertable_batches": lambda p: p | ReadFromSupertable(
+                f"{work}/0/st_rows", as_batches=True),
+        }
+
+    # Best of ROUNDS, the rounds interleaving both sides, so that a burst of
+    # load from elsewhere on this shared machine hits one round, not one side.
     results = {}
-    results["write_parquet_rows"] = timed(lambda p: p | "R" >> beam.io.ReadFromParquet(src)
-                                          | beam.io.WriteToParquet(f"{work}/pq_rows/part", schema))
-    results["write_supertable_rows"] = timed(
-        lambda p: p | "R" >> beam.io.ReadFromParquet(src)
-        | WriteToSupertable(f"{work}/st_rows", schema=schema, vector_column="emb",
-                            fts_columns=["body"]))
-    results["write_parquet_batches"] = timed(
-        lambda p: p | "R" >> beam.io.ReadFromParquetBatched(src)
-        | beam.io.WriteToParquetBatched(f"{work}/pq_batches/part", schema))
-    results["write_supertable_batches"] = timed(
-        lambda p: p | "R" >> beam.io.ReadFromParquetBatched(src)
-        | WriteToSupertable(f"{work}/st_batches", schema=schema, vector_column="emb",
-                            fts_columns=["body"]))
-    assert Supertable.open(f"{work}/st_rows").count_rows() == N
-    pq_files = glob.glob(f"{work}/pq_rows/part*")
-    results["read_parquet_rows"] = timed(lambda p: p | beam.io.ReadFromParquet(f"{work}/pq_rows/part*"))
-    results["read_supertable_rows"] = timed(lambda p: p | ReadFromSupertable(f"{work}/st_rows"))
-    results["read_parquet_batches"] = timed(
-        lambda p: p | beam.io.ReadFromParquetBatched(f"{work}/pq_rows/part*"))
-    results["read_supertable_batches"] = timed(
-        lambda p: p | ReadFromSupertable(f"{work}/st_rows", as_batches=True))
+    for i in range(ROUNDS):
+        for name, build in cases(i).items():
+            seconds = timed(build)
+            results[name] = min(results.get(name, seconds), seconds)
+        if i == 0:
+            assert Supertable.open(f"{work}/0/st_rows").count_rows() == N
+    pq_files = glob.glob(f"{work}/0/pq_rows/part*")
     for name, seconds in results.items():
         print(f"{name:26s} {seconds:6.1f} s  {N / seconds:>9,.0f} rows/s", flush=True)
     for kind in ("rows", "batches"):
         print(f"write {kind}: supertable/parquet {results[f'write_parquet_{kind}'] / results[f'write_supertable_{kind}']:.2f}x; "
               f"read {kind}: supertable/parquet {results[f'read_parquet_{kind}'] / results[f'read_supertable_{kind}']:.2f}x")
-    print(f"({len(pq_files)} Parquet shard(s) written by WriteToParquet)")
+    print(f"({len(pq_files)} Parquet shard(s) written by WriteToParquet; best of {ROUNDS} rounds)")
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python "
           f"{platform.python_version()}, apache-beam {beam.__version__}, DirectRunner, "
           f"{time.strftime('%Y-%m-%d')}")
