@@ -72,7 +72,9 @@ class FlinkCluster:
             "restart-strategy.type": "fixed-delay",
             "restart-strategy.fixed-delay.attempts": self.restart_attempts,
             "restart-strategy.fixed-delay.delay": "1 s",
-            "heartbeat.timeout": 20000,
+            # A killed TaskManager is noticed within seconds, not the default 50 s.
+            "heartbeat.interval": 2000,
+            "heartbeat.timeout": 10000,
         }
         with open(os.path.join(self.conf_dir, "flink-conf.yaml"), "w") as f:
             for key, value in conf.items():
@@ -132,11 +134,12 @@ class FlinkCluster:
         raise TimeoutError(f"Flink cluster: no {what} within {timeout} s (last overview {last}); "
                            f"logs in {self.work_dir}")
 
-    def job_exceptions(self) -> List[str]:
-        """Root causes of the failures every job on the cluster went through."""
+    def job_exceptions(self, job_id: Optional[str] = None) -> List[str]:
+        """Root causes of the failures one job (or every job) went through."""
         out = []
-        for job in self.rest("/jobs")["jobs"]:
-            info = self.rest(f"/jobs/{job['id']}/exceptions")
+        ids = [job_id] if job_id else [job["id"] for job in self.rest("/jobs")["jobs"]]
+        for jid in ids:
+            info = self.rest(f"/jobs/{jid}/exceptions")
             for entry in info.get("exceptionHistory", {}).get("entries", []):
                 out.append(entry.get("exceptionName", "") + ": " + entry.get("stacktrace", "")[:2000])
         return out

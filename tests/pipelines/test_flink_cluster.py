@@ -4,6 +4,8 @@ from a task that fails mid-job."""
 
 import json
 import os
+import signal
+import time
 
 import apache_beam as beam
 import pytest
@@ -87,3 +89,42 @@ def test_main_job_on_the_cluster_equals_direct_runner(cluster, tmp_path):
         with open(out) as f, open(out + ".invalid.jsonl") as g:
             outputs[runner] = (sorted(f), sorted(g))
     assert outputs["flink"] == outputs["direct"] and len(outputs["flink"][0]) > 100
+
+
+def test_killed_taskmanager_mid_job_recovers_exactly_once(cluster, tmp_path):
+    # A real process failure: SIGKILL the TaskManager while the job runs,
+    # start a new one, and the restarted job must land every row once.
+    n = 30_000
+    rows, _ = _rows(n, seed=5)
+    uri = str(tmp_path / "table")
+    p = beam.Pipeline(options=_options(cluster))
+    _ = (p | beam.Create(rows)
+         | WriteToSupertable(uri, schema=SCHEMA, vector_column="emb", fts_columns=["body"],
+                             n_shards=2))
+    result = p.run()
+    victim = cluster.taskmanagers[-1]
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        jobs = [j for j in cluster.rest("/jobs")["jobs"] if j["status"] == "RUNNING"]
+        if jobs:
+            job_id = jobs[0]["id"]
+            tasks = cluster.rest(f"/jobs/{job_id}")["status-counts"]
+            if tasks.get("RUNNING", 0) + tasks.get("FINISHED", 0) > 0:
+                break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the job never started running on the cluster")
+    assert Supertable.open(uri).version == 0  # nothing committed yet: truly mid-job
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait()
+    cluster.start_taskmanager()
+    result.wait_until_finish()
+
+    failures = cluster.job_exceptions(job_id)
+    assert failures, "the job went through no failure"
+    assert cluster.rest(f"/jobs/{job_id}")["state"] == "FINISHED"
+    t = Supertable.open(uri)
+    assert t.version == 1 and t.count_rows() == n
+    table = t.to_arrow(columns=["_id", "n"])
+    assert sorted(table["n"].to_pylist()) == list(range(n))
+    assert len(set(table["_id"].to_pylist())) == n
