@@ -204,9 +204,11 @@ def build(table: pa.Table, *, vector: Optional[VectorSpec] = None,
     options = dict(compression=compression, use_dictionary=dictionary,
                    write_statistics=statistics)
     groups = _row_groups(boundaries[1:], table.num_rows)
-    measuring, offset = _write_row_groups(pa.MockOutputStream(), table, table.schema,
-                                          groups, options)
-    measuring.close()
+    offset = 0
+    if blobs:  # only index sections need to know where the row groups end
+        measuring, offset = _write_row_groups(pa.MockOutputStream(), table, table.schema,
+                                              groups, options)
+        measuring.close()
     sections = {}
     for name, data in blobs.items():
         sections[name] = [offset, len(data)]

@@ -314,12 +314,16 @@ class _BuildSuperfile(beam.DoFn):
     def process(self, element, plan, win=beam.DoFn.WindowParam,
                 ts=beam.DoFn.TimestampParam):
         shard, parts = element
-        self._pending.append((self._pool.submit(self._build, shard, list(parts), plan), win, ts))
+        self._pending.append((self.submit(shard, list(parts), plan), win, ts))
 
     def finish_bundle(self):
         pending, self._pending = self._pending, []
         for future, win, ts in pending:
             yield WindowedValue(future.result(), ts, [win])
+
+    def submit(self, shard, parts, plan):
+        """Starts building one shard's superfile in the pool; a future of its entry."""
+        return self._pool.submit(self._build, shard, parts, plan)
 
     def _build(self, shard, parts, plan):
         table = pa.concat_tables([p[0] for p in parts])
@@ -424,7 +428,7 @@ class _BuildAndCommit(beam.DoFn):
         by_shard: Dict[int, list] = {}
         for shard, part in element[1]:
             by_shard.setdefault(shard, []).append(part)
-        futures = [self._builder._pool.submit(self._builder._build, shard, parts, None)
+        futures = [self._builder.submit(shard, parts, None)
                    for shard, parts in sorted(by_shard.items())]
         entries = [f.result() for f in futures]
         yield from self._committer.process((None, entries), win, pane)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import subprocess
 
-import apache_beam as beam
 from apache_beam.options.pipeline_options import (FlinkRunnerOptions, PipelineOptions,
                                                   PortableOptions, StandardOptions)
 
@@ -69,6 +68,3 @@ def flink_options(parallelism: int = 2, master: str = "[local]", *extra: str) ->
         "--runner=FlinkRunner", f"--flink_master={master}", f"--flink_version={FLINK_VERSION}",
         f"--parallelism={parallelism}", "--environment_type=LOOPBACK", *extra]))
 
-
-def pipeline(parallelism: int = 2, master: str = "[local]", *extra: str) -> beam.Pipeline:
-    return beam.Pipeline(options=flink_options(parallelism, master, *extra))
