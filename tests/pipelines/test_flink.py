@@ -62,8 +62,10 @@ def _upsert_pipeline(options, commands, prior, flavor, resume_at, out_prefix, ex
     result = cmds | Upsert(flavor, prior=prior_pc, resume_at=resume_at).with_invalid_output()
     out = result.changes | beam.ParDo(_WithTime())
     assert_that(out, equal_to(expected), label="changes")
+    # Prefixes that no shard pattern of the other matches: a file sink's
+    # finalize deletes stale files matching "<prefix>-*-of-N" before renaming.
     _ = (out | beam.Map(json.dumps)
-         | beam.io.WriteToText(out_prefix))
+         | beam.io.WriteToText(out_prefix + "-changes"))
     invalid = result.invalid | beam.Map(lambda i: json.dumps([repr(i.element), i.reason]))
     _ = invalid | "WriteInvalid" >> beam.io.WriteToText(out_prefix + "-invalid")
     p.run().wait_until_finish()
@@ -81,7 +83,7 @@ def test_upsert_with_snapshot_equals_direct_runner(flavor, flink_jar, tmp_path):
     for runner, options in (("direct", PipelineOptions()), ("flink", on_flink(flink_jar))):
         prefix = str(tmp_path / runner / "changes")
         _upsert_pipeline(options, commands + bad, prior, flavor, resume_at, prefix, expected)
-        got[runner] = (sorted(map(tuple, _read_lines(prefix + "-0")), key=repr),
+        got[runner] = (sorted(map(tuple, _read_lines(prefix + "-changes")), key=repr),
                        sorted(map(tuple, _read_lines(prefix + "-invalid"))))
     assert got["flink"][0] == sorted(expected, key=repr)
     assert [list(t) for t in got["flink"][0]] == [list(t) for t in got["direct"][0]]
