@@ -1,5 +1,6 @@
 """A table of Parquet superfiles on any fsspec object store, committed with OCC."""
 
+from beam_supertable._version import __version__
 from beam_supertable.errors import (
     AlreadyExists, CommitConflictError, CorruptManifestError, MemoryBudgetError, NotATableError,
     SchemaMismatchError, SupertableError, TableExistsError, UnsafeBackendError,
@@ -9,6 +10,7 @@ from beam_supertable.store import ObjectInfo, ObjectStore
 from beam_supertable.table import Supertable
 
 __all__ = [
+    "__version__",
     "CommitResult", "ReadFromSupertable", "WriteResult", "WriteToSupertable",
     "AlreadyExists", "CommitConflictError", "CommitRequest", "CorruptManifestError",
     "Manifest", "MemoryBudgetError", "NotATableError", "ObjectInfo", "ObjectStore", "SchemaMismatchError",

@@ -12,17 +12,34 @@ points the options at that build when the user names no jar.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
+from typing import Sequence
 
 from apache_beam.options.pipeline_options import (FlinkRunnerOptions, PipelineOptions,
                                                   PortableOptions, StandardOptions)
 
 # The Flink minor version of the job server that flink/pom.xml assembles; the
-# runner artifact for it must exist for the pinned apache-beam version.
+# runner artifact for it must exist for the job server's apache-beam release.
 FLINK_VERSION = "1.19"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB_SERVER_SCRIPT = os.path.join(ROOT, "scripts", "flink-job-server")
+JOB_SERVER_POM = os.path.join(ROOT, "flink", "pom.xml")
 JOB_SERVER_JAR_ENV = "BEAM_FLINK_JOB_SERVER_JAR"
+
+
+def job_server_beam_version() -> str:
+    """The apache-beam release of the job server flink/pom.xml assembles.
+
+    ``<beam.version>`` in the POM is the one constant that names it: the
+    Flink test environment installs the same apache-beam (the SDK and the job
+    server must match), and moving to a newer job server moves only it.
+    """
+    with open(JOB_SERVER_POM, encoding="utf-8") as f:
+        found = re.search(r"<beam\.version>([^<]+)</beam\.version>", f.read())
+    if not found:
+        raise RuntimeError(f"{JOB_SERVER_POM}: no <beam.version> property")
+    return found.group(1).strip()
 
 
 def job_server_jar() -> str:
@@ -46,14 +63,23 @@ def is_flink(options: PipelineOptions) -> bool:
     return name.rsplit(".", 1)[-1] in ("FlinkRunner", "flink")
 
 
-def fill_defaults(options: PipelineOptions) -> PipelineOptions:
-    """For FlinkRunner: use the local job server build unless a jar was named."""
+def fill_defaults(options: PipelineOptions, argv: Sequence[str]) -> PipelineOptions:
+    """For FlinkRunner: use the local job server build unless a jar was named.
+
+    Args:
+        options: the pipeline options built from ``argv``.
+        argv: the command-line flags ``options`` came from; they tell which
+            options were given literally.
+    """
     if is_flink(options):
         portable = options.view_as(PortableOptions)
-        # apache-beam 2.62 parses each options view with argparse abbreviations
-        # on, so a job's own --output reads as --output_executable_path and
-        # FlinkRunner would write a jar there instead of running the job.
-        if not any(f.startswith("--output_executable_path") for f in options._flags):  # noqa: SLF001 (no public accessor)
+        # apache-beam releases before 2.63 parse each options view with argparse
+        # abbreviations on, so a job's own --output reads as
+        # --output_executable_path and FlinkRunner would write a jar there
+        # instead of running the job. Keep it only when it was given literally.
+        given = any(a == "--output_executable_path" or a.startswith("--output_executable_path=")
+                    for a in argv)
+        if not given:
             portable.output_executable_path = None
         flink = options.view_as(FlinkRunnerOptions)
         if not flink.flink_job_server_jar and not flink.flink_submit_uber_jar:
@@ -64,7 +90,7 @@ def fill_defaults(options: PipelineOptions) -> PipelineOptions:
 
 def flink_options(parallelism: int = 2, master: str = "[local]", *extra: str) -> PipelineOptions:
     """Options for a pipeline on Flink: LOOPBACK workers, the given parallelism."""
-    return fill_defaults(PipelineOptions([
-        "--runner=FlinkRunner", f"--flink_master={master}", f"--flink_version={FLINK_VERSION}",
-        f"--parallelism={parallelism}", "--environment_type=LOOPBACK", *extra]))
+    argv = ["--runner=FlinkRunner", f"--flink_master={master}", f"--flink_version={FLINK_VERSION}",
+            f"--parallelism={parallelism}", "--environment_type=LOOPBACK", *extra]
+    return fill_defaults(PipelineOptions(argv), argv)
 

@@ -11,8 +11,8 @@ def test_flink_runner_gets_the_local_job_server_and_keeps_the_job_output(monkeyp
     jar = tmp_path / "job-server.jar"
     jar.write_bytes(b"")
     monkeypatch.setenv(flink.JOB_SERVER_JAR_ENV, str(jar))
-    options = flink.fill_defaults(PipelineOptions(
-        ["--runner=FlinkRunner", "--output", "out/changes.jsonl"]))
+    argv = ["--runner=FlinkRunner", "--output", "out/changes.jsonl"]
+    options = flink.fill_defaults(PipelineOptions(argv), argv)
     assert options.view_as(FlinkRunnerOptions).flink_job_server_jar == str(jar)
     assert options.view_as(FlinkRunnerOptions).flink_version == flink.FLINK_VERSION
     # --output must stay the job's, not become an abbreviated --output_executable_path.
@@ -22,16 +22,16 @@ def test_flink_runner_gets_the_local_job_server_and_keeps_the_job_output(monkeyp
 
 def test_explicit_choices_are_kept(monkeypatch):
     monkeypatch.setenv(flink.JOB_SERVER_JAR_ENV, "/nonexistent/should-not-be-used.jar")
-    options = flink.fill_defaults(PipelineOptions(
-        ["--runner=FlinkRunner", "--flink_job_server_jar=/opt/beam/js.jar",
-         "--output_executable_path=/tmp/pipeline.jar"]))
+    argv = ["--runner=FlinkRunner", "--flink_job_server_jar=/opt/beam/js.jar",
+            "--output_executable_path=/tmp/pipeline.jar"]
+    options = flink.fill_defaults(PipelineOptions(argv), argv)
     assert options.view_as(FlinkRunnerOptions).flink_job_server_jar == "/opt/beam/js.jar"
     assert options.view_as(PortableOptions).output_executable_path == "/tmp/pipeline.jar"
 
 
 def test_other_runners_are_left_alone(monkeypatch):
     monkeypatch.setenv(flink.JOB_SERVER_JAR_ENV, "/nonexistent/should-not-be-used.jar")
-    options = flink.fill_defaults(PipelineOptions(["--output", "x.jsonl"]))
+    options = flink.fill_defaults(PipelineOptions(["--output", "x.jsonl"]), ["--output", "x.jsonl"])
     assert options.view_as(FlinkRunnerOptions).flink_job_server_jar is None
 
 
@@ -41,3 +41,8 @@ def test_flink_options_for_an_embedded_cluster(monkeypatch):
     assert options.view_as(FlinkRunnerOptions).parallelism == 2
     assert options.view_as(FlinkRunnerOptions).flink_master == "[local]"
     assert options.view_as(PortableOptions).environment_type == "LOOPBACK"
+
+
+def test_the_job_server_release_is_one_constant():
+    # The POM's <beam.version> names the Flink-matched Beam; a release string.
+    assert flink.job_server_beam_version().count(".") == 2
