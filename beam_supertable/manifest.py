@@ -32,7 +32,7 @@ import random
 import socket
 import time
 import uuid
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import pyarrow as pa
 
@@ -62,6 +62,18 @@ BACKOFF_JITTER = 0.30
 PART_FANOUT = 8
 RECENT_TOKENS = 128          # tokens of the latest commits, carried by each version
 DEFAULT_VACUUM_GRACE_S = 6 * 3600
+
+
+def grace_seconds(older_than: Union[float, datetime.timedelta, None]) -> float:
+    """A vacuum grace period in seconds: ``None`` is the default grace, never zero."""
+    if older_than is None:
+        return float(DEFAULT_VACUUM_GRACE_S)
+    if isinstance(older_than, datetime.timedelta):
+        older_than = older_than.total_seconds()
+    if isinstance(older_than, bool) or not isinstance(older_than, (int, float)) or older_than < 0:
+        raise ValueError(
+            f"vacuum: older_than must be seconds >= 0, a timedelta or None, got {older_than!r}")
+    return float(older_than)
 
 
 def version_path(version: int) -> str:
@@ -544,7 +556,7 @@ class Manifest:
         return refs
 
     def vacuum(self, *, retain_versions: int = 10,
-               older_than: Optional[float] = DEFAULT_VACUUM_GRACE_S,
+               older_than: Union[float, datetime.timedelta, None] = None,
                dry_run: bool = False) -> VacuumReport:
         """Deletes what no retained version references, once past the grace period.
 
@@ -552,14 +564,14 @@ class Manifest:
             retain_versions: the newest versions kept (at least 1).
             older_than: grace period in seconds (or a ``timedelta``): objects
                 and versions younger than this are kept whatever references
-                them, so a commit in flight never loses its files.
+                them, so a commit in flight never loses its files. ``None``
+                (the default) means ``DEFAULT_VACUUM_GRACE_S`` (6 hours); ``0``
+                means no grace.
             dry_run: report without deleting.
         """
         if retain_versions < 1:
             raise ValueError(f"vacuum: retain_versions must be >= 1, got {retain_versions}")
-        if isinstance(older_than, datetime.timedelta):
-            older_than = older_than.total_seconds()
-        grace = older_than or 0.0
+        grace = grace_seconds(older_than)
         self.store.check_writable()
         latest = self.latest_version()
         now = time.time()

@@ -299,9 +299,18 @@ class Supertable:
                                          token=token, base_version=self.version))
 
     def vacuum(self, *, retain_versions: int = 10,
-               older_than: Union[float, datetime.timedelta, None] = None) -> VacuumReport:
-        kwargs = {} if older_than is None else {"older_than": older_than}
-        return self._manifest.vacuum(retain_versions=retain_versions, **kwargs)
+               older_than: Union[float, datetime.timedelta, None] = None,
+               dry_run: bool = False) -> VacuumReport:
+        """Deletes versions and objects no retained version needs (see ``Manifest.vacuum``).
+
+        Args:
+            retain_versions: the newest versions kept (at least 1).
+            older_than: grace period (seconds or ``timedelta``); ``None`` means
+                the default grace (6 hours), ``0`` none.
+            dry_run: report what would go without deleting it.
+        """
+        return self._manifest.vacuum(retain_versions=retain_versions, older_than=older_than,
+                                     dry_run=dry_run)
 
     # -- reading ---------------------------------------------------------
     def superfiles(self) -> List[dict]:

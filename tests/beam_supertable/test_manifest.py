@@ -177,3 +177,16 @@ def test_vacuum_keeps_retained_and_young_objects(tmp_path):
     assert Supertable.open(uri, version=3).to_arrow().num_rows == 3
     with pytest.raises(VersionNotFoundError):
         Supertable.open(uri, version=1)
+
+
+def test_vacuum_older_than_none_is_the_default_grace_on_every_entry_point(tmp_path):
+    # None used to mean "no grace" in Manifest.vacuum and "6 hours" in Supertable.vacuum.
+    from beam_supertable import Manifest, Supertable
+    t = Supertable.create(str(tmp_path / "t"), pa.schema([("x", pa.int64())]))
+    t.append(pa.table({"x": [1]}))
+    t.store.put("data/orphan.sf.parquet", b"not referenced by any version")
+    for report in (t.vacuum(older_than=None), Manifest(t.store).vacuum(older_than=None)):
+        assert "data/orphan.sf.parquet" not in report.removed_objects
+    assert "data/orphan.sf.parquet" in t.vacuum(older_than=0, dry_run=True).removed_objects
+    with pytest.raises(ValueError, match="older_than"):
+        t.vacuum(older_than=-1)
