@@ -24,7 +24,7 @@ commands whose offsets do not order against the key's others.
 from __future__ import annotations
 
 import logging
-from typing import Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import apache_beam as beam
 import numpy as np
@@ -607,7 +607,7 @@ class UpsertBatches(beam.PTransform):
             parts.append(psplit.parts)
             invalid.append(psplit[INVALID_TAG])
         applied = (
-            tuple(parts) | "Merge" >> beam.Flatten()
+            tuple(parts) | "Merge" >> beam.Flatten().with_output_types(Tuple[int, Any])
             | "GlobalWindow" >> beam.WindowInto(window.GlobalWindows())
             | "GroupByPartition" >> beam.GroupByKey()
             | "Apply" >> beam.ParDo(_ApplyPartition()).with_outputs(
