@@ -15,10 +15,11 @@ The rules are the row API's (:mod:`beam_upsert.model`), applied to the same
 Python values: rows with a null key, offset or time, or a NaN offset, are
 refused (``invalid``); equal offsets at one key and time pick their winner by
 :func:`beam_upsert.model.value_order_key`; duplicate snapshot keys keep the
-same value the row API keeps and report the others. Offsets of one batch share
-a class; when batches of different classes (say integer and string offsets)
-meet at one key, that key runs through the row model, which refuses the
-commands whose offsets do not order against the key's others.
+same value the row API keeps and report the others. Batches may differ in
+their offset type: a key whose commands come with more than one (integers and
+strings, or integers and decimals) runs through the row model, which compares
+the Python values exactly and refuses the commands whose offsets do not order
+against the key's others; every other key stays vectorized.
 """
 
 from __future__ import annotations
@@ -195,15 +196,18 @@ def _upsert_tables(
 ) -> Tuple[pa.Table, List[Invalid]]:
     """Upserts normalized, checked command tables on top of snapshot tables.
 
-    Command tables may differ in their offsets' class: keys that meet offsets
-    of more than one class go through the row model, the rest stay columnar.
+    Command tables may differ in their offset type (batches of integer and of
+    string offsets, say): keys that meet more than one offset type go through
+    the row model, which compares the Python values exactly and refuses what
+    does not order; the other keys stay columnar.
     """
-    by_class: dict = {}
+    if len({t.schema.field("offset").type for t in cmd_tables}) > 1:
+        cmd_tables = [_widen_offsets(t) for t in cmd_tables]
+    by_type: dict = {}
     for t in cmd_tables:
-        by_class.setdefault(_arrow_offset_class(t.schema.field("offset").type), []).append(t)
-    merged = {c: pa.concat_tables(ts, promote_options="permissive")
-              for c, ts in by_class.items()}
-    tables = [merged[c] for c in sorted(merged)]
+        by_type.setdefault(t.schema.field("offset").type, []).append(t)
+    tables = [pa.concat_tables(by_type[ty], promote_options="permissive") for ty in sorted(
+        by_type, key=lambda ty: (_arrow_offset_class(ty), str(ty)))]
     # Key, value and time types shared by every class (offsets keep their own).
     base = pa.unify_schemas(
         [t.schema.remove(t.schema.get_field_index("offset")) for t in tables],
@@ -234,6 +238,33 @@ def _upsert_tables(
     out = pa.concat_tables(parts)
     return out.take(pc.sort_indices(
         out, [("key", "ascending"), ("time", "ascending"), ("diff", "ascending")])), invalid
+
+
+def _widen_offsets(t: pa.Table) -> pa.Table:
+    """Casts offsets to the widest type of their kind, so more batches concatenate.
+
+    Only exact casts: integers to int64, floats to float64, strings and binary
+    to their large types. An offset that does not fit (a uint64 beyond
+    int64) keeps its type, and its keys take the row model.
+    """
+    ty = t.schema.field("offset").type
+    if pa.types.is_integer(ty):
+        target = pa.int64()
+    elif pa.types.is_floating(ty):
+        target = pa.float64()
+    elif pa.types.is_string(ty):
+        target = pa.large_string()
+    elif pa.types.is_binary(ty):
+        target = pa.large_binary()
+    else:
+        return t
+    if ty == target:
+        return t
+    try:
+        offsets = pc.cast(t["offset"], target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return t
+    return t.set_column(t.schema.get_field_index("offset"), "offset", offsets)
 
 
 def _row_model(

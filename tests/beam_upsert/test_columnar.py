@@ -1,6 +1,7 @@
 """The columnar path: kernel details, partitioning and bad batches."""
 
 import itertools
+from decimal import Decimal
 
 import apache_beam as beam
 import numpy as np
@@ -115,14 +116,21 @@ def test_duplicate_snapshot_keys_are_reported_not_resolved_by_arrival_order():
 def test_batches_of_different_offset_classes_do_not_fail_the_job():
     ints = [("k", 1, 5, 0), ("k", 3, 7, 1), ("n", 1, 1, 0)]
     strs = [("k", 2, "6", 0), ("k", 4, "8", 2), ("s", 2, "1", 0)]
-    expected, refused = reference(ints + strs)
+    # Numbers all, but Arrow merges neither decimals nor booleans with int64.
+    decimals = [("k", 5, Decimal("7.5"), 1), ("d", 1, Decimal(1), 0)]
+    bools = [("n", 9, True, 0)]
+    small_ints = [("n", 2, 2, 1)]
+    expected, refused = reference(ints + strs + decimals + bools + small_ints)
     assert refused == [("k", 2, "6"), ("k", 4, "8")]
+    assert ("k", 5, 1, 1) in expected and ("n", 9, 1, 0) in expected
 
     def batch(rows, offset_type=pa.int64()):
         return _commands([(k, v, o, t * 1_000_000) for k, v, o, t in rows], offset_type)
 
     p = TestPipeline()
-    result = (p | beam.Create([batch(ints), batch(strs, pa.string())])
+    result = (p | beam.Create([batch(ints), batch(strs, pa.string()),
+                               batch(decimals, pa.decimal128(5, 1)), batch(bools, pa.bool_()),
+                               batch(small_ints, pa.int8())])
               | UpsertBatches(n_partitions=1).with_invalid_output())
     assert_that(result.changes | beam.ParDo(batches_to_changes()) | beam.ParDo(_WithTime()),
                 equal_to(expected), label="changes")
