@@ -72,6 +72,13 @@ def _arrow_offset_class(t: pa.DataType) -> Optional[tuple]:
     return None
 
 
+def _is_key_type(t: pa.DataType) -> bool:
+    """Keys must sort and hash (:func:`partition_of`): flat scalar types only."""
+    return (pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_floating(t)
+            or pa.types.is_decimal(t) or pa.types.is_temporal(t)
+            or _arrow_offset_class(t) in (offset_class(""), offset_class(b"")))
+
+
 def _normalize(table: pa.Table, names: dict, *, with_time: bool = True) -> pa.Table:
     missing = [names[c] for c in names if names[c] not in table.column_names]
     if missing:
@@ -87,6 +94,10 @@ def _normalize(table: pa.Table, names: dict, *, with_time: bool = True) -> pa.Ta
                 f"column {names['time']!r} must be int64 microseconds or a "
                 f"timestamp, got {t.type}")
         columns["time"] = pc.cast(t, pa.int64())
+    if not _is_key_type(columns["key"].type):
+        raise TypeError(
+            f"column {names['key']!r} must hold keys that sort: integers, strings, "
+            f"binary, floats, decimals or times, got {columns['key'].type}")
     if "offset" in columns and _arrow_offset_class(columns["offset"].type) is None:
         raise TypeError(
             f"column {names['offset']!r} must hold offsets that order: integers, "
@@ -201,6 +212,7 @@ def _upsert_tables(
     the row model, which compares the Python values exactly and refuses what
     does not order; the other keys stay columnar.
     """
+    cmd_tables, prior_tables, invalid = _agree_on_types(cmd_tables, prior_tables)
     if len({t.schema.field("offset").type for t in cmd_tables}) > 1:
         cmd_tables = [_widen_offsets(t) for t in cmd_tables]
     by_type: dict = {}
@@ -208,10 +220,10 @@ def _upsert_tables(
         by_type.setdefault(t.schema.field("offset").type, []).append(t)
     tables = [pa.concat_tables(by_type[ty], promote_options="permissive") for ty in sorted(
         by_type, key=lambda ty: (_arrow_offset_class(ty), str(ty)))]
-    # Key, value and time types shared by every class (offsets keep their own).
+    # Key, value and time types shared by every table (offsets keep their own).
     base = pa.unify_schemas(
-        [t.schema.remove(t.schema.get_field_index("offset")) for t in tables],
-        promote_options="permissive")
+        [t.schema.remove(t.schema.get_field_index("offset")) for t in tables]
+        + [t.schema for t in prior_tables], promote_options="permissive")
     tables = [t.cast(pa.schema([t.schema.field(c) if c == "offset" else base.field(c)
                                 for c in t.column_names])) for t in tables]
     key_type, value_type = base.field("key").type, base.field("value").type
@@ -221,11 +233,12 @@ def _upsert_tables(
         prior = prior.cast(pa.schema([("key", key_type), ("value", value_type)]))
     empty = _empty_changes(key_type, value_type)
     if len(tables) == 1:
-        return _kernel(tables[0], prior, empty)
+        changes, bad = _kernel(tables[0], prior, empty)
+        return changes, invalid + bad
     keys = pa.chunked_array([pc.unique(t["key"]) for t in tables], key_type)
     counts = pc.value_counts(keys)
     mixed = counts.field("values").filter(pc.greater(counts.field("counts"), 1))
-    parts, invalid, mixed_rows = [], [], []
+    parts, mixed_rows = [], []
     for t in tables:
         in_mixed = pc.is_in(t["key"], value_set=mixed)
         mixed_rows.append(t.filter(in_mixed))
@@ -238,6 +251,59 @@ def _upsert_tables(
     out = pa.concat_tables(parts)
     return out.take(pc.sort_indices(
         out, [("key", "ascending"), ("time", "ascending"), ("diff", "ascending")])), invalid
+
+
+_MERGE_ERRORS = (pa.ArrowTypeError, pa.ArrowInvalid, pa.ArrowNotImplementedError)
+
+
+def _merged_types(schemas: Sequence[pa.Schema]) -> Optional[pa.Schema]:
+    try:
+        return pa.unify_schemas(list(schemas), promote_options="permissive")
+    except _MERGE_ERRORS:
+        return None
+
+
+def _agree_on_types(
+    cmd_tables: Sequence[pa.Table], prior_tables: Sequence[pa.Table],
+) -> Tuple[List[pa.Table], List[pa.Table], List[Invalid]]:
+    """Keeps the tables whose key and value types merge; refuses the others' rows.
+
+    Batches normally agree. When some do not (string values among integer
+    ones, say), the command types of the most rows win (ties by type name,
+    so not by arrival order), other command types join if they merge with
+    them, and snapshot tables must merge with the result.
+    """
+    def kv(t: pa.Table) -> pa.Schema:
+        return pa.schema([t.schema.field("key"), t.schema.field("value")])
+
+    if _merged_types([kv(t) for t in (*cmd_tables, *prior_tables)]) is not None:
+        return list(cmd_tables), list(prior_tables), []
+    rows: dict = {}
+    for t in cmd_tables:
+        rows[kv(t)] = rows.get(kv(t), 0) + t.num_rows
+    agreed, accepted = None, set()
+    for schema in sorted(rows, key=lambda sc: (-rows[sc], str(sc))):
+        merged = schema if agreed is None else _merged_types([agreed, schema])
+        if merged is not None:
+            agreed = merged
+            accepted.add(schema)
+    for schema in sorted({kv(t) for t in prior_tables}, key=str):
+        merged = _merged_types([agreed, schema])
+        if merged is not None:
+            agreed = merged
+            accepted.add(schema)
+    keep_cmd = [t for t in cmd_tables if kv(t) in accepted]
+    keep_prior = [t for t in prior_tables if kv(t) in accepted]
+    refused = [(t, "") for t in cmd_tables if kv(t) not in accepted] + [
+        (t, "prior: ") for t in prior_tables if kv(t) not in accepted]
+    invalid = []
+    for t, prefix in refused:
+        reason = (f"{prefix}key type {t.schema.field('key').type} and value type "
+                  f"{t.schema.field('value').type} do not merge with "
+                  f"{agreed.field('key').type} and {agreed.field('value').type}, the "
+                  f"types of most commands")
+        invalid += [Invalid(row, reason) for row in t.to_pylist()]
+    return keep_cmd, keep_prior, invalid
 
 
 def _widen_offsets(t: pa.Table) -> pa.Table:

@@ -190,3 +190,27 @@ def test_int_resume_at_is_microseconds_in_every_entry_point():
                  lambda: UpsertBatches(resume_at=5.0), lambda: Upsert(resume_at=5.0)):
         with pytest.raises(TypeError, match="microseconds"):
             make()
+
+
+def test_batches_whose_types_do_not_merge_are_refused_not_fatal():
+    good = _commands([("a", 1, 1, 0), ("b", 2, 2, 0), ("c", 3, 3, 0)])
+    strings = pa.table({"key": ["a"], "value": ["x"], "offset": [9], "time": [0]})
+    struct_keys = pa.table({"key": [{"k": 1}], "value": [1], "offset": [1], "time": [0]})
+    prior = [pa.table({"key": ["a"], "value": ["old"]}), pa.table({"key": ["b"], "value": [7]})]
+    p = TestPipeline()
+    result = (p | "Cmds" >> beam.Create([good, strings, struct_keys])
+              | UpsertBatches(prior=p | "Prior" >> beam.Create(prior), n_partitions=1)
+              .with_invalid_output())
+    assert_that(result.changes | beam.ParDo(batches_to_changes()),
+                equal_to([("a", 1, 1), ("b", 7, -1), ("b", 2, 1), ("c", 3, 1)]),
+                label="changes")
+
+    def check(invalid):
+        reasons = sorted(i.reason for i in invalid)
+        if (len(reasons) != 3 or not reasons[0].startswith("column 'key' must hold keys")
+                or "do not merge with string and int64" not in reasons[1]
+                or not reasons[2].startswith("prior: key type string and value type string")):
+            raise BeamAssertException(f"unexpected invalid output {reasons}")
+
+    assert_that(result.invalid, check, label="invalid")
+    p.run().wait_until_finish()
