@@ -220,7 +220,7 @@ def offset_class(offset: Any) -> tuple:
         return cls
     if isinstance(offset, tuple):
         return (_TUPLE, len(offset)) + tuple(offset_class(part) for part in offset)
-    if isinstance(offset, (numbers.Number, decimal.Decimal)):
+    if isinstance(offset, (int, float, decimal.Decimal)):
         return _NUMBER
     return _STR if isinstance(offset, str) else _BYTES
 
