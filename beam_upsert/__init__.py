@@ -6,7 +6,7 @@ columnar path over Arrow record batches.
 
 # One version for the distribution; it is written in beam_supertable/_version.py.
 from beam_supertable._version import __version__
-from beam_upsert.columnar import UpsertBatches, batches_to_changes, upsert_table
+from beam_upsert.columnar import UpsertBatches, UpsertTableResult, batches_to_changes, upsert_table
 from beam_upsert.model import Change, Invalid, UpsertCommand, UpsertError
 from beam_upsert.transform import Upsert, UpsertResult
 
@@ -19,6 +19,7 @@ __all__ = [
     "UpsertCommand",
     "UpsertError",
     "UpsertResult",
+    "UpsertTableResult",
     "batches_to_changes",
     "upsert_table",
 ]

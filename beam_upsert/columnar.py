@@ -4,19 +4,28 @@ Column conventions (names configurable):
 
 * commands: ``key`` (any Arrow type that sorts: integers, strings, binary),
   ``value`` (null deletes; any type ``pyarrow.compute.equal`` supports),
-  ``offset`` (integers or strings) and ``time`` (``int64`` microseconds since
-  the epoch, or any ``timestamp`` type);
+  ``offset`` (numbers: integers, floats, decimals, booleans; or strings; or
+  binary) and ``time`` (``int64`` microseconds since the epoch, or any
+  ``timestamp`` type);
 * prior snapshot: ``key`` and ``value``, one row per key;
 * changes (output): ``key``, ``value``, ``diff`` (``int8``, +1 or -1) and
   ``time`` (``int64`` microseconds), retraction before insertion.
 
-Rows with a null key, offset or time are refused (``invalid``), as the row
-API refuses such commands.
+The rules are the row API's (:mod:`beam_upsert.model`), applied to the same
+Python values: rows with a null key, offset or time, or a NaN offset, are
+refused (``invalid``); equal offsets at one key and time pick their winner by
+:func:`beam_upsert.model.value_order_key`; duplicate snapshot keys keep the
+same value the row API keeps and report the others. Batches may differ in
+their offset type: a key whose commands come with more than one (integers and
+strings, or integers and decimals) runs through the row model, which compares
+the Python values exactly and refuses the commands whose offsets do not order
+against the key's others; every other key stays vectorized.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Union
+import logging
+from typing import Any, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import apache_beam as beam
 import numpy as np
@@ -30,14 +39,44 @@ from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_upsert.metrics import UpsertCounters
-from beam_upsert.model import Change, Invalid
+from beam_upsert.model import (
+    Change, Invalid, KeyState, apply_times, offset_class, resolve_prior, resume_micros,
+    value_order_key)
 from beam_upsert.prepare import INVALID_TAG
 
-__all__ = ["UpsertBatches", "batches_to_changes", "upsert_table", "partition_of"]
+__all__ = [
+    "UpsertBatches", "UpsertTableResult", "batches_to_changes", "upsert_table", "partition_of"]
 
 DEFAULT_PARTITIONS = 16
 _PRIOR_TIME = np.iinfo(np.int64).min
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_log = logging.getLogger(__name__)
+
+
+class UpsertTableResult(NamedTuple):
+    """What ``upsert_table(..., with_invalid=True)`` returns."""
+
+    changes: pa.Table
+    invalid: List[Invalid]
+
+
+def _arrow_offset_class(t: pa.DataType) -> Optional[tuple]:
+    """The row API's offset class of an Arrow offset type, None if it has none."""
+    if (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
+            or pa.types.is_boolean(t)):
+        return offset_class(0)
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return offset_class("")
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return offset_class(b"")
+    return None
+
+
+def _is_key_type(t: pa.DataType) -> bool:
+    """Keys must sort and hash (:func:`partition_of`): flat scalar types only."""
+    return (pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_floating(t)
+            or pa.types.is_decimal(t) or pa.types.is_temporal(t)
+            or _arrow_offset_class(t) in (offset_class(""), offset_class(b"")))
 
 
 def _normalize(table: pa.Table, names: dict, *, with_time: bool = True) -> pa.Table:
@@ -55,7 +94,42 @@ def _normalize(table: pa.Table, names: dict, *, with_time: bool = True) -> pa.Ta
                 f"column {names['time']!r} must be int64 microseconds or a "
                 f"timestamp, got {t.type}")
         columns["time"] = pc.cast(t, pa.int64())
+    if not _is_key_type(columns["key"].type):
+        raise TypeError(
+            f"column {names['key']!r} must hold keys that sort: integers, strings, "
+            f"binary, floats, decimals or times, got {columns['key'].type}")
+    if "offset" in columns and _arrow_offset_class(columns["offset"].type) is None:
+        raise TypeError(
+            f"column {names['offset']!r} must hold offsets that order: integers, "
+            f"floats, decimals, booleans, strings or binary, got {columns['offset'].type}")
     return pa.table(columns)
+
+
+def _refuse_bad_rows(table: pa.Table, names: dict) -> Tuple[pa.Table, List[Invalid]]:
+    """Splits off rows the row API would refuse, as :class:`Invalid` rows.
+
+    Commands need a key, an offset (not NaN) and a time; snapshot rows
+    (no ``offset`` column) need a key and a value.
+    """
+    is_prior = "offset" not in table.column_names
+    required = ("key", "value") if is_prior else ("key", "offset", "time")
+    bad = None
+    for c in required:
+        nulls = pc.is_null(table[c])
+        bad = nulls if bad is None else pc.or_(bad, nulls)
+    nan = None
+    if not is_prior and pa.types.is_floating(table.schema.field("offset").type):
+        nan = pc.fill_null(pc.is_nan(table["offset"]), False)
+        bad = pc.or_(bad, nan)
+    if not (pc.sum(bad).as_py() or 0):
+        return table, []
+    invalid = []
+    for row in table.filter(bad).to_pylist():
+        nulls = [names[c] for c in required if row[c] is None]
+        reason = (f"null in column(s) {nulls}" if nulls
+                  else "offset is NaN, which is not orderable")
+        invalid.append(Invalid(row, ("prior: " if is_prior else "") + reason))
+    return table.filter(pc.invert(bad)), invalid
 
 
 def upsert_table(
@@ -67,54 +141,273 @@ def upsert_table(
     value: str = "value",
     offset: str = "offset",
     time: str = "time",
-) -> pa.Table:
+    with_invalid: bool = False,
+) -> Union[pa.Table, UpsertTableResult]:
     """Runs the upsert over whole tables in one process.
 
-    Same semantics as :class:`beam_upsert.Upsert` (see DESIGN.md): per key,
-    one winner per time (greatest offset), times in ascending order, prior
-    values seed keys and emit nothing, commands before ``resume_at`` dropped.
+    Same semantics as :class:`beam_upsert.Upsert` (see DESIGN.md and
+    :mod:`beam_upsert.model`): per key, one winner per time (greatest offset;
+    equal offsets by :func:`beam_upsert.model.value_order_key`), times in
+    ascending order, prior values seed keys and emit nothing, commands before
+    ``resume_at`` dropped.
 
     Args:
-        commands: key, value, offset and time columns.
-        prior: key and value columns; each key at most once.
-        resume_at: a Timestamp, or microseconds since the epoch.
+        commands: key, value, offset and time columns (module docstring).
+        prior: key and value columns, each key at most once. Default
+            ``None``: every key starts without a value.
+        resume_at: an apache_beam ``Timestamp``, or an ``int`` of
+            microseconds since the epoch (the rule of every entry point;
+            floats are refused). Default ``None``: nothing is dropped.
+        key: name of the key column (default ``"key"``).
+        value: name of the value column (default ``"value"``).
+        offset: name of the offset column (default ``"offset"``).
+        time: name of the time column (default ``"time"``).
+        with_invalid: return ``UpsertTableResult(changes, invalid)`` instead
+            of the changes alone. Default ``False``: refused rows (null key,
+            offset or time, NaN offset, conflicting snapshot duplicates) are
+            logged as a warning and left out, as the row API leaves them out.
 
     Returns:
-        The changes table ``key, value, diff, time``.
+        The changes table ``key, value, diff, time``, or an
+        :class:`UpsertTableResult` with ``with_invalid``.
+
+    Raises:
+        KeyError: a named column is missing.
+        TypeError: the time or offset column has a type without an order,
+            or ``resume_at`` is neither a Timestamp nor an int.
     """
+    micros = resume_micros(resume_at, where="upsert_table")
     names = {"key": key, "value": value, "offset": offset, "time": time}
-    cmd = _normalize(commands, names)
-    if resume_at is not None:
-        micros = resume_at.micros if isinstance(resume_at, Timestamp) else int(resume_at)
+    cmd, invalid = _refuse_bad_rows(_normalize(commands, names), names)
+    if micros is not None:
         cmd = cmd.filter(pc.greater_equal(cmd["time"], micros))
-    value_type = cmd.schema.field("value").type
-    key_type = cmd.schema.field("key").type
-    empty = pa.table({
+    priors = []
+    if prior is not None:
+        p_names = {"key": key, "value": value}
+        p, bad = _refuse_bad_rows(_normalize(prior, p_names, with_time=False), p_names)
+        priors, invalid = [p], invalid + bad
+    changes, more = _upsert_tables([cmd], priors)
+    invalid += more
+    if with_invalid:
+        return UpsertTableResult(changes, invalid)
+    if invalid:
+        _log.warning("upsert_table: refused %d row(s); first: %s (pass with_invalid=True "
+                     "to get them)", len(invalid), invalid[0].reason)
+    return changes
+
+
+def _empty_changes(key_type: pa.DataType, value_type: pa.DataType) -> pa.Table:
+    return pa.table({
         "key": pa.array([], key_type), "value": pa.array([], value_type),
         "diff": pa.array([], pa.int8()), "time": pa.array([], pa.int64())})
+
+
+def _upsert_tables(
+    cmd_tables: Sequence[pa.Table], prior_tables: Sequence[pa.Table],
+) -> Tuple[pa.Table, List[Invalid]]:
+    """Upserts normalized, checked command tables on top of snapshot tables.
+
+    Command tables may differ in their offset type (batches of integer and of
+    string offsets, say): keys that meet more than one offset type go through
+    the row model, which compares the Python values exactly and refuses what
+    does not order; the other keys stay columnar.
+    """
+    cmd_tables, prior_tables, invalid = _agree_on_types(cmd_tables, prior_tables)
+    if len({t.schema.field("offset").type for t in cmd_tables}) > 1:
+        cmd_tables = [_widen_offsets(t) for t in cmd_tables]
+    by_type: dict = {}
+    for t in cmd_tables:
+        by_type.setdefault(t.schema.field("offset").type, []).append(t)
+    tables = [pa.concat_tables(by_type[ty], promote_options="permissive") for ty in sorted(
+        by_type, key=lambda ty: (_arrow_offset_class(ty), str(ty)))]
+    # Key, value and time types shared by every table (offsets keep their own).
+    base = pa.unify_schemas(
+        [t.schema.remove(t.schema.get_field_index("offset")) for t in tables]
+        + [t.schema for t in prior_tables], promote_options="permissive")
+    tables = [t.cast(pa.schema([t.schema.field(c) if c == "offset" else base.field(c)
+                                for c in t.column_names])) for t in tables]
+    key_type, value_type = base.field("key").type, base.field("value").type
+    prior = (pa.concat_tables(prior_tables, promote_options="permissive")
+             if prior_tables else None)
+    if prior is not None:
+        prior = prior.cast(pa.schema([("key", key_type), ("value", value_type)]))
+    empty = _empty_changes(key_type, value_type)
+    if len(tables) == 1:
+        changes, bad = _kernel(tables[0], prior, empty)
+        return changes, invalid + bad
+    keys = pa.chunked_array([pc.unique(t["key"]) for t in tables], key_type)
+    counts = pc.value_counts(keys)
+    mixed = counts.field("values").filter(pc.greater(counts.field("counts"), 1))
+    parts, mixed_rows = [], []
+    for t in tables:
+        in_mixed = pc.is_in(t["key"], value_set=mixed)
+        mixed_rows.append(t.filter(in_mixed))
+        changes, bad = _kernel(t.filter(pc.invert(in_mixed)), prior, empty)
+        parts.append(changes)
+        invalid += bad
+    changes, bad = _row_model(mixed_rows, prior, empty)
+    parts.append(changes)
+    invalid += bad
+    out = pa.concat_tables(parts)
+    return out.take(pc.sort_indices(
+        out, [("key", "ascending"), ("time", "ascending"), ("diff", "ascending")])), invalid
+
+
+_MERGE_ERRORS = (pa.ArrowTypeError, pa.ArrowInvalid, pa.ArrowNotImplementedError)
+
+
+def _merged_types(schemas: Sequence[pa.Schema]) -> Optional[pa.Schema]:
+    try:
+        return pa.unify_schemas(list(schemas), promote_options="permissive")
+    except _MERGE_ERRORS:
+        return None
+
+
+def _agree_on_types(
+    cmd_tables: Sequence[pa.Table], prior_tables: Sequence[pa.Table],
+) -> Tuple[List[pa.Table], List[pa.Table], List[Invalid]]:
+    """Keeps the tables whose key and value types merge; refuses the others' rows.
+
+    Batches normally agree. When some do not (string values among integer
+    ones, say), the command types of the most rows win (ties by type name,
+    so not by arrival order), other command types join if they merge with
+    them, and snapshot tables must merge with the result.
+    """
+    def kv(t: pa.Table) -> pa.Schema:
+        return pa.schema([t.schema.field("key"), t.schema.field("value")])
+
+    if _merged_types([kv(t) for t in (*cmd_tables, *prior_tables)]) is not None:
+        return list(cmd_tables), list(prior_tables), []
+    rows: dict = {}
+    for t in cmd_tables:
+        rows[kv(t)] = rows.get(kv(t), 0) + t.num_rows
+    agreed, accepted = None, set()
+    for schema in sorted(rows, key=lambda sc: (-rows[sc], str(sc))):
+        merged = schema if agreed is None else _merged_types([agreed, schema])
+        if merged is not None:
+            agreed = merged
+            accepted.add(schema)
+    for schema in sorted({kv(t) for t in prior_tables}, key=str):
+        merged = _merged_types([agreed, schema])
+        if merged is not None:
+            agreed = merged
+            accepted.add(schema)
+    keep_cmd = [t for t in cmd_tables if kv(t) in accepted]
+    keep_prior = [t for t in prior_tables if kv(t) in accepted]
+    refused = [(t, "") for t in cmd_tables if kv(t) not in accepted] + [
+        (t, "prior: ") for t in prior_tables if kv(t) not in accepted]
+    invalid = []
+    for t, prefix in refused:
+        reason = (f"{prefix}key type {t.schema.field('key').type} and value type "
+                  f"{t.schema.field('value').type} do not merge with "
+                  f"{agreed.field('key').type} and {agreed.field('value').type}, the "
+                  f"types of most commands")
+        invalid += [Invalid(row, reason) for row in t.to_pylist()]
+    return keep_cmd, keep_prior, invalid
+
+
+def _widen_offsets(t: pa.Table) -> pa.Table:
+    """Casts offsets to the widest type of their kind, so more batches concatenate.
+
+    Only exact casts: integers to int64, floats to float64, strings and binary
+    to their large types. An offset that does not fit (a uint64 beyond
+    int64) keeps its type, and its keys take the row model.
+    """
+    ty = t.schema.field("offset").type
+    if pa.types.is_integer(ty):
+        target = pa.int64()
+    elif pa.types.is_floating(ty):
+        target = pa.float64()
+    elif pa.types.is_string(ty):
+        target = pa.large_string()
+    elif pa.types.is_binary(ty):
+        target = pa.large_binary()
+    else:
+        return t
+    if ty == target:
+        return t
+    try:
+        offsets = pc.cast(t["offset"], target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return t
+    return t.set_column(t.schema.get_field_index("offset"), "offset", offsets)
+
+
+def _row_model(
+    tables: Sequence[pa.Table], prior: Optional[pa.Table], empty: pa.Table,
+) -> Tuple[pa.Table, List[Invalid]]:
+    """The row API's rule over Python values, for keys with mixed offset classes."""
+    by_key: dict = {}
+    for t in tables:
+        cols = [t[c].to_pylist() for c in ("key", "time", "offset", "value")]
+        for k, time, off, v in zip(*cols):
+            by_key.setdefault(k, []).append((time, off, v))
+    if not by_key:
+        return empty, []
+    priors: dict = {}
+    if prior is not None:
+        touched = prior.filter(pc.is_in(
+            prior["key"], value_set=pa.array(list(by_key), empty.schema.field("key").type)))
+        for k, v in zip(touched["key"].to_pylist(), touched["value"].to_pylist()):
+            priors.setdefault(k, []).append(v)
+    rows, invalid = {"key": [], "value": [], "diff": [], "time": []}, []
+    for k, commands in by_key.items():
+        seed, conflicts = resolve_prior(k, priors.get(k, []))
+        invalid += [Invalid({"key": k, "value": c.element[1]}, c.reason) for c in conflicts]
+        applied = apply_times(KeyState(seed), commands, key=k)
+        invalid += [Invalid({"key": k, "value": v, "offset": off, "time": time}, reason)
+                    for time, off, v, reason in applied.invalid]
+        for at, old, new in applied.steps:
+            for v, diff in ((old, -1), (new, 1)):
+                if v is not None:
+                    for c, x in zip(("key", "value", "diff", "time"), (k, v, diff, at)):
+                        rows[c].append(x)
+    return pa.table(rows, schema=empty.schema), invalid
+
+
+def _run_ends(same_next: np.ndarray, n: int) -> np.ndarray:
+    """Index of the last row of each run, given ``same_next[i]``: rows i, i+1 share one."""
+    last = np.ones(n, dtype=bool)
+    last[:-1] = ~same_next
+    return np.flatnonzero(last)
+
+
+def _adjacent_equal(column: pa.Array) -> np.ndarray:
+    n = len(column)
+    if n < 2:
+        return np.zeros(0, dtype=bool)
+    return pc.equal(column.slice(1), column.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+
+
+def _kernel(cmd: pa.Table, prior: Optional[pa.Table],
+            empty: pa.Table) -> Tuple[pa.Table, List[Invalid]]:
+    """The vectorized upsert of command rows whose offsets share one class."""
     if cmd.num_rows == 0:
-        return empty
-    order = pc.sort_indices(cmd, [("key", "ascending"), ("time", "ascending"),
-                                  ("offset", "ascending")])
-    cmd = cmd.take(order)
+        return empty, []
+    cmd = cmd.take(pc.sort_indices(
+        cmd, [("key", "ascending"), ("time", "ascending"), ("offset", "ascending")]))
     n = cmd.num_rows
     k = cmd["key"].combine_chunks()
     t = cmd["time"].to_numpy()
-    # The last row of each (key, time) run holds the greatest offset: it wins.
-    last = np.ones(n, dtype=bool)
+    # The last row of each (key, time) run holds the greatest offset: it wins,
+    # unless rows before it tie with it (see _break_ties).
+    same_run = _adjacent_equal(k) & (t[1:] == t[:-1])
+    win = _run_ends(same_run, n)
     if n > 1:
-        same_next = pc.equal(k.slice(1), k.slice(0, n - 1)).to_numpy(zero_copy_only=False)
-        last[:-1] = ~(same_next & (t[1:] == t[:-1]))
+        tied = same_run & _adjacent_equal(cmd["offset"].combine_chunks())
+        if tied[win[win > 0] - 1].any():
+            win = _break_ties(win, tied, cmd["value"].combine_chunks())
+    take = pa.array(win)
     winners = pa.table({
-        "key": k.filter(pa.array(last)),
-        "value": cmd["value"].combine_chunks().filter(pa.array(last)),
-        "time": pa.array(t[last]),
-        "is_prior": pa.array(np.zeros(int(last.sum()), dtype=bool)),
+        "key": k.take(take),
+        "value": cmd["value"].combine_chunks().take(take),
+        "time": pa.array(t[win]),
+        "is_prior": pa.array(np.zeros(len(win), dtype=bool)),
     })
+    invalid: List[Invalid] = []
     if prior is not None and prior.num_rows:
-        p = _normalize(prior, {"key": key, "value": value}, with_time=False)
-        p = p.filter(pc.is_in(p["key"], value_set=pc.unique(winners["key"])))
-        p = p.cast(pa.schema([("key", key_type), ("value", value_type)]))
+        p = prior.filter(pc.is_in(prior["key"], value_set=pc.unique(winners["key"])))
+        p, invalid = _dedupe_prior(p)
         winners = pa.concat_tables([winners, pa.table({
             "key": p["key"], "value": p["value"],
             "time": pa.array(np.full(p.num_rows, _PRIOR_TIME, dtype=np.int64)),
@@ -122,7 +415,54 @@ def upsert_table(
         })])
         winners = winners.take(pc.sort_indices(
             winners, [("key", "ascending"), ("time", "ascending")]))
-    return _transitions(winners, empty)
+    return _transitions(winners, empty), invalid
+
+
+def _break_ties(win: np.ndarray, tied: np.ndarray, values: pa.Array) -> np.ndarray:
+    """Re-picks the winners of runs whose greatest offset is shared.
+
+    Equal offsets are rare (a source bug), so this runs in Python, over the
+    same Python values and with the same order as the row API.
+    """
+    win = win.copy()
+    for i in np.flatnonzero(win > 0):
+        end = win[i]
+        if not tied[end - 1]:
+            continue
+        start = end
+        while start > 0 and tied[start - 1]:
+            start -= 1
+        candidates = values.slice(start, end - start + 1).to_pylist()
+        best = max(range(len(candidates)), key=lambda j: value_order_key(candidates[j]))
+        win[i] = start + best
+    return win
+
+
+def _dedupe_prior(p: pa.Table) -> Tuple[pa.Table, List[Invalid]]:
+    """Keeps one snapshot row per key as the row API does; reports the others."""
+    if p.num_rows < 2:
+        return p, []
+    p = p.take(pc.sort_indices(p, [("key", "ascending")]))
+    keys = p["key"].combine_chunks()
+    same = _adjacent_equal(keys)
+    if not same.any():
+        return p, []
+    keep = np.ones(p.num_rows, dtype=bool)
+    keep[1:] = ~same
+    values = p["value"].combine_chunks()
+    invalid = []
+    for start in np.flatnonzero(same & ~np.concatenate(([False], same[:-1]))):
+        end = start + 1
+        while end < len(same) and same[end]:
+            end += 1
+        key = keys[start].as_py()
+        candidates = values.slice(start, end - start + 1).to_pylist()
+        _, conflicts = resolve_prior(key, candidates)
+        invalid += [Invalid({"key": key, "value": c.element[1]}, c.reason) for c in conflicts]
+        best = max(range(len(candidates)), key=lambda j: value_order_key(candidates[j]))
+        keep[start] = False
+        keep[start + best] = True
+    return p.filter(pa.array(keep)), invalid
 
 
 def _transitions(rows: pa.Table, empty: pa.Table) -> pa.Table:
@@ -198,11 +538,12 @@ def _as_table(element) -> pa.Table:
 class _SplitByPartition(beam.DoFn):
     """Refuses bad rows and slices a batch into per-partition tables."""
 
-    def __init__(self, names: dict, n_partitions: int, tag: str, resume_at) -> None:
+    def __init__(self, names: dict, n_partitions: int, tag: str,
+                 resume_at_micros: Optional[int]) -> None:
         self._names = names
         self._n = n_partitions
         self._tag = tag
-        self._resume_at = resume_at
+        self._resume_at_micros = resume_at_micros
 
     def setup(self) -> None:
         self._counters = UpsertCounters()
@@ -217,24 +558,13 @@ class _SplitByPartition(beam.DoFn):
                 element if not isinstance(element, (pa.RecordBatch, pa.Table))
                 else f"<batch of {element.num_rows} rows>", str(exc.args[0])))
             return
-        required = [c for c in ("key", "offset", "time") if c in self._names]
-        bad = None
-        for c in required:
-            nulls = pc.is_null(table[c])
-            bad = nulls if bad is None else pc.or_(bad, nulls)
-        if self._tag == "p":
-            bad = pc.or_(bad, pc.is_null(table["value"]))
-        bad_count = pc.sum(bad).as_py() or 0
-        if bad_count:
-            self._counters.invalid.inc(bad_count)
-            for row in table.filter(bad).to_pylist():
-                nulls = [self._names[c] for c in ("key", "offset", "time", "value")
-                         if c in row and row[c] is None]
-                yield pvalue.TaggedOutput(INVALID_TAG, Invalid(
-                    row, f"null in column(s) {nulls}"))
-            table = table.filter(pc.invert(bad))
-        if self._tag == "c" and self._resume_at is not None:
-            keep = pc.greater_equal(table["time"], self._resume_at.micros)
+        table, invalid = _refuse_bad_rows(table, self._names)
+        if invalid:
+            self._counters.invalid.inc(len(invalid))
+            for refused in invalid:
+                yield pvalue.TaggedOutput(INVALID_TAG, refused)
+        if self._tag == "c" and self._resume_at_micros is not None:
+            keep = pc.greater_equal(table["time"], self._resume_at_micros)
             dropped = table.num_rows - (pc.sum(keep).as_py() or 0)
             if dropped:
                 self._counters.dropped_before_resume.inc(dropped)
@@ -263,9 +593,11 @@ class _ApplyPartition(beam.DoFn):
         priors = [t for tag, t in parts if tag == "p"]
         if not commands:
             return
-        changes = upsert_table(
-            pa.concat_tables(commands, promote_options="permissive"),
-            pa.concat_tables(priors, promote_options="permissive") if priors else None)
+        changes, invalid = _upsert_tables(commands, priors)
+        if invalid:
+            self._counters.invalid.inc(len(invalid))
+            for refused in invalid:
+                yield pvalue.TaggedOutput(INVALID_TAG, refused)
         if changes.num_rows:
             diffs = changes["diff"].to_numpy()
             inserts = int((diffs > 0).sum())
@@ -297,22 +629,45 @@ class UpsertBatches(beam.PTransform):
     Input elements are ``pyarrow.RecordBatch`` or ``pyarrow.Table`` with the
     columns described in this module's docstring; output elements are
     ``RecordBatch`` es of changes. Commands are hash-partitioned by key into
-    ``n_partitions`` groups, each upserted by :func:`upsert_table`.
+    ``n_partitions`` groups, each upserted by the kernel of
+    :func:`upsert_table`, with the row API's rules.
 
     Example::
 
         changes = batches | UpsertBatches(prior=snapshot_batches)
         rows = changes | beam.ParDo(batches_to_changes())
 
+    Args:
+        prior: a PCollection of snapshot batches (``key``, ``value``).
+            Default ``None``: every key starts without a value.
+        resume_at: an apache_beam ``Timestamp``, or an ``int`` of
+            microseconds since the epoch (the rule of every entry point;
+            floats are refused). Default ``None``: nothing is dropped.
+        n_partitions: how many groups the keys are hashed into (default
+            ``DEFAULT_PARTITIONS``, 16).
+        key: name of the key column (default ``"key"``).
+        value: name of the value column (default ``"value"``).
+        offset: name of the offset column (default ``"offset"``).
+        time: name of the time column (default ``"time"``).
+        label: the transform's label.
+
+    Raises:
+        ValueError: ``n_partitions`` is not a positive int, or an int
+            ``resume_at`` is out of range.
+        TypeError: ``resume_at`` is neither a Timestamp nor an int.
+
     Note:
         Bounded input only (one grouping, like the ``grouped`` flavor).
+        Refused batches and rows are counted ``invalid`` and, after
+        :meth:`with_invalid_output`, returned in ``result.invalid``
+        (otherwise only counted).
     """
 
     def __init__(
         self,
         *,
         prior: Optional[PCollection] = None,
-        resume_at: Union[Timestamp, int, float, None] = None,
+        resume_at: Union[Timestamp, int, None] = None,
         n_partitions: int = DEFAULT_PARTITIONS,
         key: str = "key",
         value: str = "value",
@@ -325,7 +680,7 @@ class UpsertBatches(beam.PTransform):
             raise ValueError(
                 f"UpsertBatches: n_partitions must be a positive int, got {n_partitions!r}")
         self._prior = prior
-        self._resume_at = None if resume_at is None else Timestamp.of(resume_at)
+        self._resume_at_micros = resume_micros(resume_at, where="UpsertBatches")
         self._n = n_partitions
         self._names = {"key": key, "value": value, "offset": offset, "time": time}
         self._with_invalid = False
@@ -339,7 +694,8 @@ class UpsertBatches(beam.PTransform):
         from beam_upsert.transform import UpsertResult
 
         split = batches | "Split" >> beam.ParDo(_SplitByPartition(
-            self._names, self._n, "c", self._resume_at)).with_outputs(INVALID_TAG, main="parts")
+            self._names, self._n, "c", self._resume_at_micros)).with_outputs(
+                INVALID_TAG, main="parts")
         parts, invalid = [split.parts], [split[INVALID_TAG]]
         if self._prior is not None:
             names = {"key": self._names["key"], "value": self._names["value"]}
@@ -347,17 +703,23 @@ class UpsertBatches(beam.PTransform):
                 names, self._n, "p", None)).with_outputs(INVALID_TAG, main="parts")
             parts.append(psplit.parts)
             invalid.append(psplit[INVALID_TAG])
-        changes = (
-            tuple(parts) | "Merge" >> beam.Flatten()
+        applied = (
+            tuple(parts) | "Merge" >> beam.Flatten().with_output_types(Tuple[int, Any])
             | "GlobalWindow" >> beam.WindowInto(window.GlobalWindows())
             | "GroupByPartition" >> beam.GroupByKey()
-            | "Apply" >> beam.ParDo(_ApplyPartition()))
+            | "Apply" >> beam.ParDo(_ApplyPartition()).with_outputs(
+                INVALID_TAG, main="changes"))
         if not self._with_invalid:
-            return changes
-        return UpsertResult(changes, tuple(invalid) | "Invalid" >> beam.Flatten())
+            return applied.changes
+        invalid.append(applied[INVALID_TAG])
+        return UpsertResult(applied.changes, tuple(invalid) | "Invalid" >> beam.Flatten())
 
     def display_data(self):
-        return {"n_partitions": DisplayDataItem(self._n, label="Partitions")}
+        data = {"n_partitions": DisplayDataItem(self._n, label="Partitions")}
+        if self._resume_at_micros is not None:
+            data["resume_at"] = DisplayDataItem(
+                str(Timestamp(micros=self._resume_at_micros)), label="Resume at")
+        return data
 
 
 class batches_to_changes(beam.DoFn):  # noqa: N801 - reads as a function in pipelines

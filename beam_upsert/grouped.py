@@ -7,7 +7,7 @@ from apache_beam import pvalue
 
 from beam_upsert.emit import ChangeEmitter
 from beam_upsert.metrics import UpsertCounters
-from beam_upsert.model import KeyState, apply_times, resolve_prior
+from beam_upsert.model import Invalid, KeyState, UpsertCommand, apply_times, resolve_prior
 from beam_upsert.prepare import CMD, INVALID_TAG, PRIOR, decode_key
 
 
@@ -33,7 +33,10 @@ class GroupedUpsertFn(beam.DoFn):
         prior, conflicts = resolve_prior(key, priors)
         for invalid in conflicts:
             yield pvalue.TaggedOutput(INVALID_TAG, invalid)
-        _, steps, _, _ = apply_times(KeyState(prior), commands)
+        applied = apply_times(KeyState(prior), commands, key=key)
+        for _, offset, value, reason in applied.invalid:
+            yield pvalue.TaggedOutput(
+                INVALID_TAG, Invalid(UpsertCommand(key, value, offset), reason))
         tally = [0, 0, 0]
-        yield from self._emitter.emit(key, steps, tally)
+        yield from self._emitter.emit(key, applied.steps, tally)
         self._counters.add_steps(tally)

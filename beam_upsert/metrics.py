@@ -22,6 +22,9 @@ class UpsertCounters:
     def __init__(self) -> None:
         for name in COUNTER_NAMES:
             setattr(self, name, Metrics.counter(NAMESPACE, name))
+        # Entries a key keeps in the stateful flavor after a firing: its live
+        # value (0 or 1) plus its pending commands.
+        self.state_entries = Metrics.distribution(NAMESPACE, "state_entries")
 
     def add_steps(self, tally) -> None:
         """Adds a ``[inserts, updates, deletes]`` tally (see beam_upsert.emit)."""

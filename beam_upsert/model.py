@@ -1,7 +1,32 @@
 """Commands, changes, and the per-key upsert rule shared by every flavor.
 
-Both Beam flavors and the reference tests call :func:`apply_times`, so they
-cannot drift apart: the flavors differ only in how commands reach it.
+Both Beam flavors, the columnar path (for its rare slow cases) and the tests
+call :func:`apply_times`, so they cannot drift apart: the flavors differ only
+in how commands reach it.
+
+The rules beyond DESIGN.md's "Upsert semantics", in one place:
+
+* **Offset classes.** Offsets only order against offsets of their class:
+  numbers (``int``, ``bool``, ``float``, ``Decimal``), ``str``, ``bytes``,
+  and tuples of one length whose parts are pairwise of one class. A key that
+  holds a value remembers the class of the offsets that made it; a later
+  command whose offset is of another class does not order against them and
+  goes to ``invalid``. For a key that holds nothing (never written, deleted,
+  or only seeded by the snapshot), the commands of one time that share the
+  class most of them use are kept and the others go to ``invalid``; on a tie
+  the first class in the order numbers, ``str``, ``bytes``, tuples (shorter
+  first, then by their parts' classes) is kept. Times are applied in
+  ascending order, so the choice never depends on arrival order.
+* **Equal offsets.** Among commands of one key and time with the greatest
+  offset, a value beats a delete (``None``), and among values the one with
+  the greatest ``(type name, repr(value))`` wins (:func:`value_order_key`).
+  Duplicate snapshot keys keep their value by the same order and report the
+  others.
+* **A key without a value keeps nothing.** Once a key holds no value (a
+  delete was applied, or a delete found nothing) its state is empty: no
+  tombstone, no remembered offset, time or class. A later command for it is
+  fresh, even one that is late in the stateful flavor: it is applied at its
+  own time and its offset is not compared with the deleted history.
 """
 
 from __future__ import annotations
@@ -9,19 +34,28 @@ from __future__ import annotations
 import dataclasses
 import decimal
 import math
+import numbers
+from operator import itemgetter
 from typing import Any, Hashable, Iterable, List, NamedTuple, Optional, Tuple
 
+from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Timestamp
+
 __all__ = [
+    "Applied",
     "Change",
     "UpsertCommand",
     "UpsertError",
     "Invalid",
     "KeyState",
     "apply_times",
-    "resolve_prior",
-    "transition_changes",
     "check_command",
     "check_key",
+    "class_name",
+    "offset_class",
+    "resolve_prior",
+    "resume_micros",
+    "transition_changes",
+    "value_order_key",
     "winner",
 ]
 
@@ -70,7 +104,8 @@ class KeyState(NamedTuple):
 
     ``applied_through`` is the last time (micros) applied for the key and
     ``max_offset`` the greatest offset applied; both decide the fate of late
-    commands in the stateful flavor.
+    commands in the stateful flavor and are ``None`` whenever ``value`` is
+    (a key without a value keeps nothing).
     """
 
     value: Any = None
@@ -78,8 +113,23 @@ class KeyState(NamedTuple):
     max_offset: Any = None
 
 
+class Applied(NamedTuple):
+    """What :func:`apply_times` did to one key.
+
+    ``steps`` are ``(time_micros, old, new)`` with ``old != new``;
+    ``invalid`` are ``(time_micros, offset, value, reason)`` of commands whose
+    offset does not order against the key's others.
+    """
+
+    state: KeyState
+    steps: List[Tuple[int, Any, Any]]
+    late_applied: int
+    stale_dropped: int
+    invalid: List[Tuple[int, Any, Any, str]]
+
+
 _KEY_SCALARS = (str, bytes, int, bool)
-_OFFSET_SCALARS = (str, bytes, int, decimal.Decimal)
+_OFFSET_SCALARS = (str, bytes, int)
 
 
 def check_key(key: Any) -> Optional[str]:
@@ -109,12 +159,13 @@ def check_key(key: Any) -> Optional[str]:
 def _check_offset(offset: Any) -> Optional[str]:
     if offset is None:
         return "offset is None"
-    if isinstance(offset, bool):
-        return None
     if isinstance(offset, _OFFSET_SCALARS):
         return None
     if isinstance(offset, float):
         return None if not math.isnan(offset) else "offset is NaN, which is not orderable"
+    if isinstance(offset, decimal.Decimal):
+        # A Decimal NaN raises when compared, a signalling one even on ==.
+        return None if not offset.is_nan() else "offset is NaN, which is not orderable"
     if isinstance(offset, tuple):
         for part in offset:
             reason = _check_offset(part)
@@ -145,44 +196,153 @@ def check_command(element: Any) -> Tuple[Optional[UpsertCommand], Optional[str]]
     return UpsertCommand(key, value, offset), None
 
 
-def _tiebreak(value: Any) -> Tuple[str, str]:
-    # Equal offsets inside one time should not happen with a real source; when
-    # they do, the pick must still not depend on arrival order.
-    return (type(value).__name__, repr(value))
+# Offset classes are tuples of ints (and of classes, for tuple offsets), so
+# any two classes compare: that orders the tie-break between classes.
+_NUMBER, _STR, _BYTES, _TUPLE = (0,), (1,), (2,), 3
+_SCALAR_CLASSES = {
+    int: _NUMBER, bool: _NUMBER, float: _NUMBER, decimal.Decimal: _NUMBER,
+    str: _STR, bytes: _BYTES,
+}
 
 
-def winner(commands: Iterable[Tuple[Any, Any]]) -> Tuple[Any, Any]:
-    """The ``(offset, value)`` with the greatest offset, ties broken stably."""
-    return max(commands, key=lambda c: (c[0], _tiebreak(c[1])))
+def offset_class(offset: Any) -> tuple:
+    """The class of a checked offset: offsets of one class always order.
+
+    Args:
+        offset: an offset that passed :func:`check_command`.
+
+    Returns:
+        ``(0,)`` numbers, ``(1,)`` str, ``(2,)`` bytes, ``(3, n, *parts)``
+        a tuple of ``n`` parts; classes compare with each other.
+    """
+    cls = _SCALAR_CLASSES.get(type(offset))
+    if cls is not None:
+        return cls
+    if isinstance(offset, tuple):
+        return (_TUPLE, len(offset)) + tuple(offset_class(part) for part in offset)
+    if isinstance(offset, (int, float, decimal.Decimal)):
+        return _NUMBER
+    return _STR if isinstance(offset, str) else _BYTES
+
+
+def class_name(cls: tuple) -> str:
+    """A readable name of an :func:`offset_class` result, for reasons."""
+    if cls[0] == _TUPLE:
+        return "tuple(" + ", ".join(class_name(part) for part in cls[2:]) + ")"
+    return ("number", "str", "bytes")[cls[0]]
+
+
+def value_order_key(value: Any) -> Tuple[bool, str, str]:
+    """The order that breaks ties between values (equal offsets, duplicate priors).
+
+    A value beats a delete (``None``); among values the greatest
+    ``(type name, repr)`` wins. It depends on the values only, never on
+    arrival order, and the columnar path applies the same function.
+    """
+    return (value is not None, type(value).__name__, repr(value))
+
+
+_first = itemgetter(0)
+
+
+def winner(commands: List[Tuple[Any, Any]]) -> Tuple[Any, Any]:
+    """The ``(offset, value)`` with the greatest offset; ties by :func:`value_order_key`.
+
+    Args:
+        commands: a non-empty list whose offsets are of one class.
+    """
+    if len(commands) == 1:
+        return commands[0]
+    best = max(commands, key=_first)
+    top = best[0]
+    tied = [c for c in commands if c[0] == top]
+    if len(tied) == 1:
+        return best
+    return max(tied, key=lambda c: value_order_key(c[1]))
+
+
+def _keep_class(group, cls, time, invalid, why) -> list:
+    kept = []
+    for command in group:
+        other = offset_class(command[0])
+        if other == cls:
+            kept.append(command)
+        else:
+            invalid.append((time, command[0], command[1], (
+                f"offset {command[0]!r} ({class_name(other)}) does not order against "
+                f"the {class_name(cls)} offsets {why}")))
+    return kept
+
+
+def _of_live_class(group, max_offset, key, time, invalid) -> list:
+    # The common case first: scalars of the very type already applied.
+    kind = type(max_offset)
+    if kind is not tuple and all(type(c[0]) is kind for c in group):
+        return group
+    return _keep_class(group, offset_class(max_offset), time, invalid,
+                       f"that made the current value of key {key!r}")
+
+
+def _of_majority_class(group, key, time, invalid) -> list:
+    counts: dict = {}
+    for command in group:
+        cls = offset_class(command[0])
+        counts[cls] = counts.get(cls, 0) + 1
+    if len(counts) == 1:
+        return group
+    # Most commands first; on a tie the smallest class (numbers, str, bytes, tuples).
+    cls = min(counts, key=lambda c: (-counts[c], c))
+    return _keep_class(group, cls, time, invalid, (
+        f"kept for key {key!r} at time {time} µs (the class most of its commands "
+        f"there use; on a tie numbers, str, bytes, then tuples)"))
 
 
 def apply_times(
     state: KeyState,
     commands: Iterable[Tuple[int, Any, Any]],
     *,
+    key: Any = None,
     late_ok: bool = False,
-) -> Tuple[KeyState, List[Tuple[int, Any, Any]], int, int]:
+) -> Applied:
     """Applies ``(time_micros, offset, value)`` commands to one key.
 
     Commands are collapsed per time to the greatest offset and applied in
-    ascending time order. With ``late_ok`` (the stateful flavor), a time at or
-    before ``state.applied_through`` is late: its winner is applied at
+    ascending time order (see the module docstring for offset classes and
+    ties). With ``late_ok`` (the stateful flavor), a time at or before
+    ``state.applied_through`` is late: its winner is applied at
     ``applied_through`` if its offset is newer than every offset already
-    applied, otherwise it is dropped.
+    applied, otherwise it is dropped. Whenever the key ends a time without a
+    value, its state is emptied.
+
+    Args:
+        state: what the key holds before these commands.
+        commands: the key's commands, in any order.
+        key: the key, named in the reasons of refused commands.
+        late_ok: apply the late rule (stateful flavor).
 
     Returns:
-        ``(new_state, transitions, late_applied, stale_dropped)`` where each
-        transition ``(time_micros, old, new)`` is one applied step with
-        ``old != new``; :func:`transition_changes` turns it into changes.
+        An :class:`Applied`; :func:`transition_changes` turns each step into
+        changes.
     """
     by_time: dict = {}
     for time, offset, value in commands:
-        by_time.setdefault(time, []).append((offset, value))
+        group = by_time.get(time)
+        if group is None:
+            by_time[time] = [(offset, value)]
+        else:
+            group.append((offset, value))
     value, through, max_offset = state
     steps: List[Tuple[int, Any, Any]] = []
+    invalid: List[Tuple[int, Any, Any, str]] = []
     late_applied = stale_dropped = 0
     for time in sorted(by_time):
         group = by_time[time]
+        if max_offset is not None:
+            group = _of_live_class(group, max_offset, key, time, invalid)
+        elif len(group) > 1:
+            group = _of_majority_class(group, key, time, invalid)
+        if not group:
+            continue
         offset, new = winner(group)
         at = time
         if late_ok and through is not None and time <= through:
@@ -196,22 +356,28 @@ def apply_times(
             through = time
         if max_offset is None or offset > max_offset:
             max_offset = offset
-        if new == value:
-            continue
-        steps.append((at, value, new))
-        value = new
-    return KeyState(value, through, max_offset), steps, late_applied, stale_dropped
+        if not new == value:
+            steps.append((at, value, new))
+            value = new
+        if value is None:
+            # No tombstone: a key without a value keeps nothing.
+            through = max_offset = None
+    return Applied(KeyState(value, through, max_offset), steps, late_applied,
+                   stale_dropped, invalid)
 
 
 def resolve_prior(key: Any, priors: List[Any]) -> Tuple[Any, List[Invalid]]:
     """Picks a key's snapshot value; conflicting duplicates become :class:`Invalid`.
 
-    A snapshot should hold each key once. When it does not, the pick must not
-    depend on arrival order, and the conflict is reported, not hidden.
+    A snapshot should hold each key once. When it does not, the greatest
+    value by :func:`value_order_key` is kept (never the first to arrive), and
+    each other value is reported as ``Invalid((key, value), reason)``.
     """
     if not priors:
         return None, []
-    ordered = sorted(priors, key=_tiebreak)
+    if len(priors) == 1:
+        return priors[0], []
+    ordered = sorted(priors, key=value_order_key)
     kept = ordered[-1]
     conflicts = [
         Invalid((key, other), f"prior: key {key!r} appears more than once in the "
@@ -229,3 +395,35 @@ def transition_changes(key: Any, old: Any, new: Any) -> List[Change]:
     if new is not None:
         out.append(Change(key, new, +1))
     return out
+
+
+def resume_micros(resume_at: Any, *, where: str) -> Optional[int]:
+    """The resume frontier in microseconds since the epoch.
+
+    One rule for every entry point: an apache_beam ``Timestamp``, or a plain
+    ``int`` of **microseconds** (the unit of the columnar ``time`` column and
+    of a table's frontier). Floats and other types are refused rather than
+    guessed at: ``Timestamp(seconds)`` says seconds unambiguously.
+
+    Args:
+        resume_at: ``None`` (drop nothing), a ``Timestamp`` or an int.
+        where: the caller, named in the error.
+
+    Raises:
+        TypeError: ``resume_at`` is neither a Timestamp nor an int.
+        ValueError: the int is outside Beam's timestamp range.
+    """
+    if resume_at is None:
+        return None
+    if isinstance(resume_at, Timestamp):
+        return resume_at.micros
+    if isinstance(resume_at, numbers.Integral) and not isinstance(resume_at, bool):
+        micros = int(resume_at)
+        if not MIN_TIMESTAMP.micros <= micros <= MAX_TIMESTAMP.micros:
+            raise ValueError(
+                f"{where}: resume_at={micros} µs is outside Beam's timestamp range")
+        return micros
+    raise TypeError(
+        f"{where}: resume_at must be an apache_beam Timestamp or an int of "
+        f"microseconds since the epoch, got {type(resume_at).__name__} {resume_at!r} "
+        f"(for seconds write Timestamp({resume_at!r}))")

@@ -7,7 +7,6 @@ from typing import Any, Optional
 import apache_beam as beam
 from apache_beam import pvalue
 from apache_beam.coders import coders
-from apache_beam.utils.timestamp import Timestamp
 
 from beam_upsert.metrics import UpsertCounters
 from beam_upsert.model import Invalid, check_command, check_key
@@ -19,6 +18,7 @@ INVALID_TAG = "invalid"
 #   (CMD, time_micros, offset, value)   a command
 #   (PRIOR, value)                      the snapshot's value for the key
 #   (STATE, value, through, max_offset) what the stateful flavor keeps
+#                                       for a key that holds a value
 CMD, PRIOR, STATE = "c", "p", "s"
 
 # Keyed state and grouping go by the key's encoded bytes, so the encoding is
@@ -31,8 +31,8 @@ decode_key = KEY_CODER.decode
 class PrepareCommands(beam.DoFn):
     """Validates commands and keys them; malformed ones go to ``invalid``."""
 
-    def __init__(self, resume_at: Optional[Timestamp]) -> None:
-        self._resume_at_micros = None if resume_at is None else resume_at.micros
+    def __init__(self, resume_at_micros: Optional[int]) -> None:
+        self._resume_at_micros = resume_at_micros
 
     def setup(self) -> None:
         self._counters = UpsertCounters()

@@ -5,6 +5,12 @@ timer tag), so a time is applied as soon as the watermark passes it and only
 then. Process calls only append to the stash and set a timer; state is read
 and rewritten once per key per firing (DirectRunner charges about a
 millisecond per keyed-state commit, so per-element reads would dominate).
+
+What a key keeps between firings is its live value (one ``STATE`` entry, or
+the snapshot's ``PRIOR`` entry until the first firing) plus its pending
+commands, nothing else: a key without a value keeps no entry at all, so
+deleted keys cost no state (see :mod:`beam_upsert.model` for what that means
+for late commands).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from apache_beam.utils.timestamp import Timestamp
 
 from beam_upsert.emit import ChangeEmitter
 from beam_upsert.metrics import UpsertCounters
-from beam_upsert.model import KeyState, apply_times, resolve_prior
+from beam_upsert.model import Invalid, KeyState, UpsertCommand, apply_times, resolve_prior
 from beam_upsert.prepare import CMD, INVALID_TAG, PRIOR, STATE, decode_key
 
 COUNTS_TAG = "counts"
@@ -66,22 +72,32 @@ class StatefulUpsertFn(beam.DoFn):
                 priors.append(entry[1])
         if not due:
             return  # an earlier firing of this key already applied these times
+        read = len(due) + len(pending) + len(priors) + (state is not None)
         if state is None:
             prior, conflicts = resolve_prior(key, priors)
             for invalid in conflicts:
                 yield pvalue.TaggedOutput(INVALID_TAG, invalid)
             state = KeyState(prior)
-        state, steps, late, stale = apply_times(
-            state, ((e[1], e[2], e[3]) for e in due), late_ok=True)
+        applied = apply_times(
+            state, ((e[1], e[2], e[3]) for e in due), key=key, late_ok=True)
         stash.clear()
-        stash.add((STATE,) + tuple(state))
+        state = applied.state
+        kept = len(pending)
+        if state.value is not None:
+            stash.add((STATE,) + tuple(state))
+            kept += 1
         for entry in pending:
             stash.add(entry)
+        for _, offset, value, reason in applied.invalid:
+            yield pvalue.TaggedOutput(
+                INVALID_TAG, Invalid(UpsertCommand(key, value, offset), reason))
         tally = [0, 0, 0]
-        yield from self._emitter.emit(key, steps, tally)
+        yield from self._emitter.emit(key, applied.steps, tally)
         # Counters bumped inside timer callbacks are lost by the streaming
-        # DirectRunner, so a firing reports its counts as one element.
-        yield pvalue.TaggedOutput(COUNTS_TAG, (*tally, late, stale))
+        # DirectRunner, so a firing reports its counts as one element:
+        # (inserts, updates, deletes, late, stale, entries read, entries kept).
+        yield pvalue.TaggedOutput(
+            COUNTS_TAG, (*tally, applied.late_applied, applied.stale_dropped, read, kept))
 
 
 class ReportCounts(beam.DoFn):
@@ -93,8 +109,9 @@ class ReportCounts(beam.DoFn):
     def process(self, counts):
         c = self._counters
         c.add_steps(counts[:3])
-        late, stale = counts[3:]
+        late, stale, _, kept = counts[3:]
         if late:
             c.late_applied.inc(late)
         if stale:
             c.stale_dropped.inc(stale)
+        c.state_entries.update(kept)

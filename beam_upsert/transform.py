@@ -11,6 +11,7 @@ from apache_beam.transforms.display import DisplayDataItem
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_upsert.grouped import GroupedUpsertFn
+from beam_upsert.model import resume_micros
 from beam_upsert.prepare import INVALID_TAG, CountInvalid, PrepareCommands, PreparePrior
 from beam_upsert.stateful import COUNTS_TAG, ReportCounts, StatefulUpsertFn
 
@@ -23,17 +24,6 @@ class UpsertResult(NamedTuple):
 
     changes: PCollection
     invalid: PCollection
-
-
-def _to_timestamp(value) -> Optional[Timestamp]:
-    if value is None or isinstance(value, Timestamp):
-        return value
-    try:
-        return Timestamp.of(value)
-    except TypeError as exc:
-        raise TypeError(
-            f"Upsert: resume_at must be a Timestamp or seconds since the epoch, "
-            f"got {value!r}") from exc
 
 
 class Upsert(beam.PTransform):
@@ -52,17 +42,33 @@ class Upsert(beam.PTransform):
 
     Args:
         flavor: ``"grouped"`` (one grouping; bounded input), ``"stateful"``
-            (keyed state and watermark timers; any input) or ``"auto"``
-            (grouped when the commands and the prior are bounded).
+            (keyed state and watermark timers; any input) or ``"auto"``, the
+            default: grouped when the commands and the prior are bounded,
+            stateful otherwise.
         prior: a PCollection of ``(key, value)`` pairs, the persisted state
-            as of ``resume_at``; it seeds each key and emits nothing.
+            as of ``resume_at``; it seeds each key and emits nothing. Default
+            ``None``: every key starts without a value.
         resume_at: commands earlier than this are already persisted and
-            dropped (counted ``dropped_before_resume``).
+            dropped (counted ``dropped_before_resume``): an apache_beam
+            ``Timestamp``, or an ``int`` of **microseconds** since the epoch
+            (the same rule as :func:`upsert_table` and
+            :class:`UpsertBatches`; floats are refused, write
+            ``Timestamp(seconds)``). Default ``None``: nothing is dropped.
+        label: the transform's label.
+
+    Raises:
+        ValueError: an unknown flavor or an int ``resume_at`` out of range.
+        TypeError: ``prior`` is not a PCollection, or ``resume_at`` is
+            neither a Timestamp nor an int.
 
     Note:
-        Malformed elements never fail the job: they are counted ``invalid``
-        and, after :meth:`with_invalid_output`, returned as
-        ``Invalid(element, reason)`` in ``result.invalid``.
+        Malformed input never fails the job: malformed elements, commands
+        whose offset does not order against the key's other offsets, and
+        conflicting snapshot duplicates are counted ``invalid`` and, after
+        :meth:`with_invalid_output`, returned as ``Invalid(element, reason)``
+        in ``result.invalid`` (otherwise they are only counted). The rules
+        for offset classes, equal offsets and deleted keys are in
+        :mod:`beam_upsert.model`.
     """
 
     def __init__(
@@ -70,7 +76,7 @@ class Upsert(beam.PTransform):
         flavor: Flavor = "auto",
         *,
         prior: Optional[PCollection] = None,
-        resume_at: Union[Timestamp, int, float, None] = None,
+        resume_at: Union[Timestamp, int, None] = None,
         label: Optional[str] = None,
     ) -> None:
         super().__init__(label)
@@ -83,7 +89,7 @@ class Upsert(beam.PTransform):
                 f"{type(prior).__name__}")
         self._flavor = flavor
         self._prior = prior
-        self._resume_at = _to_timestamp(resume_at)
+        self._resume_at_micros = resume_micros(resume_at, where="Upsert")
         self._with_invalid = False
 
     def with_invalid_output(self) -> "Upsert":
@@ -92,6 +98,7 @@ class Upsert(beam.PTransform):
         return self
 
     def resolved_flavor(self, commands: PCollection) -> str:
+        """The flavor ``expand`` uses for ``commands`` (resolves ``"auto"``)."""
         if self._flavor != "auto":
             return self._flavor
         bounded = commands.is_bounded and (
@@ -101,7 +108,7 @@ class Upsert(beam.PTransform):
     def expand(self, commands: PCollection):
         flavor = self.resolved_flavor(commands)
         prepared = commands | "Prepare" >> beam.ParDo(
-            PrepareCommands(self._resume_at)).with_outputs(INVALID_TAG, main="commands")
+            PrepareCommands(self._resume_at_micros)).with_outputs(INVALID_TAG, main="commands")
         keyed = [prepared.commands]
         invalid = [prepared[INVALID_TAG]]
         if self._prior is not None:
@@ -137,6 +144,7 @@ class Upsert(beam.PTransform):
             "flavor": DisplayDataItem(self._flavor, label="Flavor"),
             "prior": DisplayDataItem(self._prior is not None, label="Has prior"),
         }
-        if self._resume_at is not None:
-            data["resume_at"] = DisplayDataItem(str(self._resume_at), label="Resume at")
+        if self._resume_at_micros is not None:
+            data["resume_at"] = DisplayDataItem(
+                str(Timestamp(micros=self._resume_at_micros)), label="Resume at")
         return data

@@ -14,6 +14,7 @@ from typing import List, Optional
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.utils.timestamp import Timestamp
 
 from beam_upsert import Upsert
 from beam_upsert.metrics import NAMESPACE
@@ -64,8 +65,10 @@ def build(p: beam.Pipeline, job: UpsertChangesOptions) -> None:
         snap = (read_rows(p, "ReadPrior", prior_path)
                 | "ParseSnapshot" >> beam.ParDo(ParseSnapshot()).with_outputs(BAD_TAG, main="ok"))
         prior, bad = snap.ok, bad + [snap[BAD_TAG]]
+    # The flag is in seconds; Upsert takes a Timestamp (a plain int would be µs).
+    resume_at = None if job.resume_at is None else Timestamp(job.resume_at)
     result = parsed.ok | Upsert(job.flavor, prior=prior,
-                                resume_at=job.resume_at).with_invalid_output()
+                                resume_at=resume_at).with_invalid_output()
     rows = result.changes | "ToRows" >> beam.ParDo(ChangeToRow())
     out = job.output
     if is_parquet(out):

@@ -30,7 +30,10 @@ class _WithTime(beam.DoFn):
 
 def run_upsert(commands, prior=None, flavor="grouped", resume_at=None,
                expected=None, expected_invalid=None):
-    """Runs Upsert on bounded input and asserts its output; returns counters."""
+    """Runs Upsert on bounded input and asserts its output; returns counters.
+
+    ``expected_invalid`` is a list of ``(element, reason)`` or a matcher.
+    """
     p = TestPipeline()
     cmds = (p | "Cmds" >> beam.Create(timestamped(commands), reshuffle=False)
             | "Stamp" >> beam.ParDo(_Stamp()))
@@ -40,6 +43,8 @@ def run_upsert(commands, prior=None, flavor="grouped", resume_at=None,
     if expected is not None:
         assert_that(out, equal_to(expected), label="changes")
     if expected_invalid is not None:
+        if not callable(expected_invalid):
+            expected_invalid = equal_to(expected_invalid)
         assert_that(result.invalid | beam.Map(lambda i: (i.element, i.reason)),
                     expected_invalid, label="invalid")
     res = p.run()

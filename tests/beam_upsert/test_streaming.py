@@ -1,5 +1,7 @@
 """The stateful flavor on unbounded input (TestStream): watermark-driven."""
 
+from typing import Any, Tuple
+
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 from apache_beam.testing.test_pipeline import TestPipeline
@@ -8,6 +10,8 @@ from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms.window import TimestampedValue
 
 from beam_upsert import Upsert
+from beam_upsert.prepare import INVALID_TAG, PrepareCommands, PreparePrior
+from beam_upsert.stateful import COUNTS_TAG, StatefulUpsertFn
 from tests.beam_upsert.helpers import _WithTime, counters
 
 
@@ -22,14 +26,21 @@ def _stream(events):
     return ts.advance_watermark_to_infinity()
 
 
-def _run(events, expected, prior=None, flavor="auto"):
+def _streaming_pipeline():
     options = PipelineOptions()
     options.view_as(StandardOptions).streaming = True
-    p = TestPipeline(options=options)
+    return TestPipeline(options=options)
+
+
+def _run(events, expected, prior=None, flavor="auto", expected_invalid=None):
+    p = _streaming_pipeline()
     commands = p | _stream(events)
     prior_pc = p | beam.Create(prior) if prior is not None else None
-    changes = commands | Upsert(flavor, prior=prior_pc)
-    assert_that(changes | beam.ParDo(_WithTime()), equal_to(expected))
+    result = commands | Upsert(flavor, prior=prior_pc).with_invalid_output()
+    assert_that(result.changes | beam.ParDo(_WithTime()), equal_to(expected))
+    if expected_invalid is not None:
+        assert_that(result.invalid | beam.Map(lambda i: tuple(i.element)),
+                    equal_to(expected_invalid), label="invalid")
     result = p.run()
     result.wait_until_finish()
     return counters(result)
@@ -80,3 +91,67 @@ def test_streaming_rehydrates_from_prior():
                prior=[("k", "a")],
                expected=[("k", "a", -1, 5), ("k", "b", 1, 5), ("n", "x", 1, 5)])
     assert got.get("rehydrated") == 1
+
+
+def test_incomparable_offsets_do_not_stall_the_key():
+    # Before: the per-key rule raised on 5 vs "6" at every firing of the key.
+    _run([
+        ("add", [("k", "a", 5, 1), ("k", "b", "6", 1)]), ("wm", 2),
+        ("add", [("k", "c", 7, 3)]), ("wm", 4),
+        # Late and of another class than the live value's offsets.
+        ("add", [("k", "x", "9", 2)]), ("wm", 5),
+        ("add", [("k", "d", 8, 6)]), ("wm", 7),
+    ], expected=[("k", "a", 1, 1), ("k", "a", -1, 3), ("k", "c", 1, 3),
+                 ("k", "c", -1, 6), ("k", "d", 1, 6)],
+        expected_invalid=[("k", "b", "6"), ("k", "x", "9")])
+
+
+def test_a_deleted_key_keeps_nothing_so_a_late_command_is_fresh():
+    # The documented consequence of keeping no tombstone: a late command for
+    # a deleted key is applied at its own time even though its offset (9) is
+    # older than the delete's (11); with a tombstone it would be dropped.
+    _run([
+        ("add", [("k", "a", 10, 5)]), ("wm", 6),
+        ("add", [("k", None, 11, 6)]), ("wm", 7),
+        ("add", [("k", "b", 9, 4)]), ("wm", 8),
+    ], expected=[("k", "a", 1, 5), ("k", "a", -1, 6), ("k", "b", 1, 4)])
+
+
+def _state_sizes(events, prior, expected):
+    """Runs the stateful flavor's DoFn and asserts what each firing read and kept.
+
+    Each firing reports (entries read from the key's stash, entries written
+    back), so the stash is measured by reading it, in a real pipeline.
+    """
+    p = _streaming_pipeline()
+    commands = (p | _stream(events)
+                | beam.ParDo(PrepareCommands(None)).with_outputs(INVALID_TAG, main="ok"))
+    snapshot = (p | beam.Create(prior)
+                | "PreparePrior" >> beam.ParDo(PreparePrior()).with_outputs(
+                    INVALID_TAG, main="ok"))
+    merged = ((commands.ok, snapshot.ok) | beam.Flatten()
+              .with_output_types(Tuple[bytes, Any]))
+    applied = merged | beam.ParDo(StatefulUpsertFn()).with_outputs(
+        INVALID_TAG, COUNTS_TAG, main="changes")
+    assert_that(applied[COUNTS_TAG] | beam.Map(lambda counts: tuple(counts[5:])),
+                equal_to(expected))
+    p.run().wait_until_finish()
+
+
+def test_state_holds_the_live_value_and_pending_commands_only():
+    events = [
+        ("add", [("k", "a", 1, 10)]), ("wm", 11),      # read prior + cmd; keep a
+        ("add", [("k", "b", 2, 20)]), ("wm", 21),      # read a + cmd; keep b
+        ("add", [("k", None, 3, 30), ("k", "c", 4, 40)]), ("wm", 31),  # keep pending c only
+        ("wm", 41),                                    # read c alone: no tombstone
+        ("add", [("k", None, 5, 50)]), ("wm", 51),     # deleted: keep nothing
+        ("add", [("j", None, 1, 60)]), ("wm", 61),     # deleting nothing keeps nothing
+    ]
+    expected = [(2, 1), (2, 1), (3, 1), (1, 1), (2, 0), (1, 0)]
+    # Ten insert/delete cycles on one key: the state must not grow.
+    for i in range(10):
+        t = 100 + 10 * i
+        events += [("add", [("m", i, 2 * i, t)]), ("wm", t + 1),
+                   ("add", [("m", None, 2 * i + 1, t + 5)]), ("wm", t + 6)]
+        expected += [(1, 1), (2, 0)]
+    _state_sizes(events, [("k", "p")], expected)

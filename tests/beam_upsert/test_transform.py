@@ -1,12 +1,14 @@
 """The model operator's scenarios, each on both flavors (bounded input)."""
 
+from decimal import Decimal
+
 import pytest
 from apache_beam.testing.util import BeamAssertException
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_upsert import Change, Upsert, UpsertCommand, UpsertError
 from tests.beam_upsert.helpers import FLAVORS, run_upsert
-from tests.beam_upsert.reference import reference_upsert
+from tests.beam_upsert.reference import reference, reference_upsert
 
 pytestmark = pytest.mark.parametrize("flavor", FLAVORS)
 
@@ -125,3 +127,60 @@ def test_bad_settings_fail_at_construction(flavor):
         Upsert("fast")
     with pytest.raises(TypeError, match="prior must be a PCollection"):
         Upsert(flavor, prior=[("k", 1)])
+
+
+def _reasons_name(needle, count):
+    def check(actual):
+        if len(actual) != count or not all(needle in reason for _, reason in actual):
+            raise BeamAssertException(f"expected {count} invalid saying {needle!r}: {actual}")
+    return check
+
+
+def test_incomparable_offsets_go_to_invalid_and_the_key_keeps_going(flavor):
+    commands = [
+        ("k", "a", 5, 0), ("k", "b", "6", 0),        # 5 vs "6": a tie, numbers kept
+        ("k", "c", 7, 1),
+        ("k", "d", "8", 2),                          # str against the live number class
+        ("t", "x", (1, "a"), 0), ("t", "y", (1, 2), 0),  # tuples of mixed part types
+        ("t", "z", (2, 2), 1),
+        ("s", "p", "1", 0), ("s", "q", "2", 0), ("s", "r", 3, 0),  # the majority is str
+    ]
+    expected, refused = reference(commands)
+    assert refused == sorted([("k", "b", "6"), ("k", "d", "8"), ("t", "x", (1, "a")),
+                              ("s", "r", 3)], key=repr)
+    assert expected == sorted([
+        ("k", "a", 1, 0), ("k", "a", -1, 1), ("k", "c", 1, 1),
+        ("t", "y", 1, 0), ("t", "y", -1, 1), ("t", "z", 1, 1), ("s", "q", 1, 0)], key=repr)
+
+    def check(actual):
+        got = sorted((tuple(element) for element, _ in actual), key=repr)
+        if got != refused or not all("does not order" in r for _, r in actual):
+            raise BeamAssertException(f"unexpected invalid output {actual}")
+
+    got = run_upsert(commands, flavor=flavor, expected=expected, expected_invalid=check)
+    assert got["invalid"] == 4
+
+
+def test_after_a_delete_any_offset_class_starts_afresh(flavor):
+    commands = [("k", "a", 5, 0), ("k", None, 6, 1), ("k", "b", "x", 2), ("k", "c", "y", 3)]
+    run_upsert(commands, flavor=flavor, expected=reference(commands)[0],
+               expected_invalid=[])
+
+
+def test_equal_offsets_pick_one_winner_whatever_the_order(flavor):
+    rows = [("k", "b", 3, 0), ("k", None, 3, 0), ("k", 10, 3, 0), ("k", "a", 3, 0),
+            ("k", "z", 2, 0), ("j", None, 1, 0), ("j", Decimal(1), 1, 0)]
+    # A value beats a delete, even one whose type name sorts before "NoneType".
+    expected = [("k", "b", 1, 0), ("j", Decimal(1), 1, 0)]
+    assert reference(rows) == (sorted(expected, key=repr), [])
+    for order in (rows, rows[::-1]):
+        run_upsert(order, flavor=flavor, expected=expected)
+
+
+def test_int_resume_at_is_microseconds_and_floats_are_refused(flavor):
+    commands = [("k", "old", 1, 3), ("k", "new", 2, 5)]
+    expected = [("k", "new", 1, 5)]
+    got = run_upsert(commands, flavor=flavor, resume_at=5_000_000, expected=expected)
+    assert got["dropped_before_resume"] == 1
+    with pytest.raises(TypeError, match=r"microseconds.*Timestamp\(5.0\)"):
+        Upsert(flavor, resume_at=5.0)

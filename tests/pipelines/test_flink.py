@@ -17,6 +17,7 @@ import pyarrow as pa
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that, equal_to
+from apache_beam.utils.timestamp import Timestamp
 
 from beam_supertable import ReadFromSupertable, Supertable, WriteToSupertable
 from beam_upsert import Upsert
@@ -76,8 +77,8 @@ def test_upsert_with_snapshot_equals_direct_runner(flavor, flink_jar, tmp_path):
     commands, prior = _workload()
     # Malformed commands travel to the invalid output on both runners.
     bad = [(None, 1, 10_000, 3), ("kbad", 1, None, 4)]
-    resume_at = 2
-    expected = reference_upsert(commands, prior, resume_at)
+    resume_at = Timestamp(2)  # a plain int resume_at would be microseconds
+    expected = reference_upsert(commands, prior, 2)
     assert len(expected) > 1000  # a workload with real work in it
     got = {}
     for runner, options in (("direct", PipelineOptions()), ("flink", on_flink(flink_jar))):
