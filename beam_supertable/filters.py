@@ -176,7 +176,10 @@ class Pruner:
     def __init__(self, expr: pc.Expression, schema: Optional[pa.Schema] = None) -> None:
         self._tree = parse(expr)
         self._schema = schema
-        self._sets: Dict[int, Tuple[List[_Value], bool]] = {}
+        self._sets: Dict[int, Tuple[Optional[List[_Value]], bool]] = {}
+        self._keys: Dict[Tuple[int, str], List[Any]] = {}
+        self._literals: Dict[int, Optional[_Value]] = {}
+        self._types: Dict[str, Optional[pa.DataType]] = {}
 
     def __call__(self, entry: dict) -> bool:
         if self._tree is None:
@@ -235,7 +238,9 @@ class Pruner:
             return _UNKNOWN
         if not b.value.is_valid:
             return _NEVER  # a comparison with null is null for every row
-        lit = _literal(b.value)
+        if id(b) not in self._literals:
+            self._literals[id(b)] = _literal(b.value)
+        lit = self._literals[id(b)]
         if lit is None:
             return _UNKNOWN
         col = self._column(entry, a.name, lit.kind)
@@ -287,7 +292,9 @@ class Pruner:
         domain = _domain(col.kind, values[0].kind)
         if domain is None:
             return _UNKNOWN
-        keys = [_as(domain, v.value) for v in values]  # sorted: the casts are monotone
+        keys = self._keys.get((id(node), domain))
+        if keys is None:  # sorted still: the casts are monotone
+            keys = self._keys[(id(node), domain)] = [_as(domain, v.value) for v in values]
         lo = None if col.lo is None else _as(domain, col.lo)
         hi = None if col.hi is None else _as(domain, col.hi)
         i = 0 if lo is None else bisect.bisect_left(keys, lo)
@@ -342,8 +349,10 @@ class Pruner:
     def _field_type(self, name: str) -> Optional[pa.DataType]:
         if self._schema is None:
             return None
-        i = self._schema.get_field_index(name)
-        return None if i < 0 else self._schema.field(i).type
+        if name not in self._types:
+            i = self._schema.get_field_index(name)
+            self._types[name] = None if i < 0 else self._schema.field(i).type
+        return self._types[name]
 
 
 def may_match(entry: dict, expr: pc.Expression, schema: Optional[pa.Schema] = None) -> bool:
