@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Hashable, Optional, Tuple
+from typing import Any, Callable, Hashable, Tuple
 
 __all__ = ["DEFAULT_CACHE_BYTES", "ByteCache"]
 
@@ -102,7 +102,3 @@ class ByteCache:
                     "entries": len(self._items), "hits": self.hits, "misses": self.misses,
                     "evictions": self.evictions}
 
-
-def sized(value: Any, nbytes: Optional[int] = None) -> Tuple[Any, int]:
-    """``(value, nbytes)`` for ``get_or_load``; ``nbytes`` defaults to ``value.nbytes``."""
-    return value, int(value.nbytes if nbytes is None else nbytes)

@@ -10,8 +10,8 @@ Statistics ride in each manifest entry as JSON data:
   Strings are cut the way Parquet cuts them: ``lo`` to a prefix of at most
   ``STRING_STATS_BYTES`` UTF-8 bytes, ``hi`` to such a prefix with its last
   incrementable code point incremented, so every entry stays small.
-* ``null_counts``: ``{column: nulls}`` for the columns holding any null
-  (a column absent from it has none).
+* ``null_counts``: ``{column: nulls}`` for every column the superfile
+  holds (nothing is assumed of a column missing from it).
 * ``id_min`` / ``id_max``: the range of ``_id``.
 
 Entries of older tables hold whole strings, timestamps and dates as ISO 8601
@@ -79,9 +79,8 @@ def column_stats(table: pa.Table) -> Dict[str, List[Any]]:
 
 
 def null_counts(table: pa.Table) -> Dict[str, int]:
-    """``{column: nulls}`` for the columns of ``table`` holding any null (JSON data)."""
-    return {name: int(table.column(name).null_count) for name in table.column_names
-            if table.column(name).null_count}
+    """``{column: nulls}`` for every column of ``table`` (JSON data)."""
+    return {name: int(table.column(name).null_count) for name in table.column_names}
 
 
 def truncate_min(value: str, limit: int = STRING_STATS_BYTES) -> str:
@@ -329,7 +328,7 @@ class Pruner:
                 return _Column(None, rows=rows)
             return _Column("int", int(lo), int(hi), 0, rows, nan=False)
         counts = entry.get("null_counts")
-        nulls = None if counts is None else int(counts.get(name, 0))
+        nulls = None if counts is None or name not in counts else int(counts[name])
         new_format = counts is not None
         bounds = (entry.get("stats") or {}).get(name)
         field_type = self._field_type(name)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from beam_supertable.fts import index as fts_index
 from beam_supertable.fts.tokenize import contains_phrase, parse_query, tokenize_many
-from beam_supertable.reader import SuperfileReader
+
+if TYPE_CHECKING:
+    from beam_supertable.reader import SuperfileReader
 
 RRF_K = 60
 CHECK_BATCH_MIN = 64   # rows checked (phrases, filter) at a time at first, per superfile
@@ -44,7 +46,7 @@ def text_candidates(entries: Sequence[dict], collection: Sequence[dict], query: 
             returned (filter and deletes), or None for all.
     """
     terms, required, phrases = parse_query(query, stop_words)
-    if not terms:
+    if not terms or not entries:
         return []
     n_docs = sum(e["text"]["rows"] for e in collection)
     total = sum(e["text"]["total_length"] for e in collection)
