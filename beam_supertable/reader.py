@@ -124,8 +124,11 @@ class SuperfileReader:
 
     def section(self, name: str) -> bytes:
         """A whole section, kept in the cache."""
-        return self._cache.get_or_load(self.cache_key("section", name), lambda: _sized_bytes(
-            self.section_range(name, 0, self.header["sections"][name][1])))
+        def load():
+            data = self.section_range(name, 0, self.header["sections"][name][1])
+            return data, len(data)
+
+        return self._cache.get_or_load(self.cache_key("section", name), load)
 
     def text_index(self) -> TextIndex:
         def load():
@@ -221,7 +224,3 @@ def _without_index_key(table: pa.Table) -> pa.Table:
         return table
     rest = {k: v for k, v in metadata.items() if k != INDEX_KEY}
     return table.replace_schema_metadata(rest or None)
-
-
-def _sized_bytes(data: bytes):
-    return data, len(data)
