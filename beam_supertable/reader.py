@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import io
 import threading
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from beam_supertable.cache import ByteCache
 from beam_supertable.fts.index import TextIndex
 from beam_supertable.store import ObjectStore
 from beam_supertable.superfile import INDEX_KEY, read_header
-
-
-VECTOR_CACHE_BYTES = 512 << 20  # fp32 rerank vectors kept per superfile handle
 
 
 class IOStats:
@@ -72,32 +70,47 @@ class RangeFile(io.RawIOBase):
 
 
 class SuperfileReader:
-    """One superfile: its footer, index sections and row groups, read on demand."""
+    """One superfile: its footer, index sections and row groups, read on demand.
 
-    def __init__(self, store: ObjectStore, entry: dict, stats: IOStats) -> None:
+    What it keeps after a read (sections, the text index, ``_id`` s, fp32
+    vectors by row group) lives in ``cache``, the byte budget of the handle
+    that opened it, under keys naming the superfile's path.
+    """
+
+    def __init__(self, store: ObjectStore, entry: dict, stats: IOStats,
+                 cache: Optional[ByteCache] = None) -> None:
         self.entry = entry
         self._store = store
         self._stats = stats
+        self._cache = cache if cache is not None else ByteCache()
+        self._path = entry["path"]
         # pre_buffer off: coalescing would fetch the gaps between the column
         # chunks asked for (the vectors between two _id chunks, say).
         self._file = pq.ParquetFile(pa.PythonFile(
             RangeFile(store, entry["path"], entry["bytes"], stats), mode="r"), pre_buffer=False)
         self.metadata = self._file.metadata
         self.header = read_header(self.metadata)
-        self._sections: Dict[str, bytes] = {}
-        self._text: Optional[TextIndex] = None
         self._rg_starts = np.zeros(self.metadata.num_row_groups + 1, dtype=np.int64)
         for i in range(self.metadata.num_row_groups):
             self._rg_starts[i + 1] = self._rg_starts[i] + self.metadata.row_group(i).num_rows
-        self._lock = threading.Lock()
         self._vector_index = None
-        self._ids = None
-        self._vectors: Dict[int, np.ndarray] = {}
-        self._vectors_bytes = 0
 
     @property
     def num_rows(self) -> int:
         return self.metadata.num_rows
+
+    @property
+    def cache(self) -> ByteCache:
+        return self._cache
+
+    @property
+    def nbytes(self) -> int:
+        """About what this reader object holds: the parsed footer."""
+        return int(self.metadata.serialized_size) + self._rg_starts.nbytes
+
+    def cache_key(self, *parts) -> tuple:
+        """A key for something of this superfile in the shared cache."""
+        return (self._path,) + parts
 
     def section_range(self, name: str, start: int, stop: int) -> bytes:
         """Bytes ``[start, stop)`` of a section, one ranged read."""
@@ -110,19 +123,21 @@ class SuperfileReader:
         return data
 
     def section(self, name: str) -> bytes:
-        with self._lock:
-            data = self._sections.get(name)
-        if data is None:
-            off, length = self.header["sections"][name]
-            data = self.section_range(name, 0, length)
-            with self._lock:
-                self._sections[name] = data
-        return data
+        """A whole section, kept in the cache."""
+        def load():
+            data = self.section_range(name, 0, self.header["sections"][name][1])
+            return data, len(data)
+
+        return self._cache.get_or_load(self.cache_key("section", name), load)
 
     def text_index(self) -> TextIndex:
-        if self._text is None:
-            self._text = TextIndex(self.section("text"))
-        return self._text
+        def load():
+            # Read straight, not through section(): the index's arrays are
+            # views of these bytes, so they are charged once, with the index.
+            ix = TextIndex(self.section_range("text", 0, self.header["sections"]["text"][1]))
+            return ix, ix.nbytes
+
+        return self._cache.get_or_load(self.cache_key("text"), load)
 
     def vector_index(self):
         if self._vector_index is None:
@@ -133,43 +148,47 @@ class SuperfileReader:
     def vectors(self, rows: np.ndarray, column: str, metric: str):
         """Loads the fp32 vectors of ``rows`` (by row group, cached); returns a lookup."""
         from beam_supertable.vector.metric import prepare
-        groups = self.row_groups_of(rows)
-        with self._lock:
-            missing = [int(g) for g in groups if int(g) not in self._vectors]
+        groups = [int(g) for g in self.row_groups_of(rows)]
+        found: Dict[int, np.ndarray] = {}
+        missing = []
+        for g in groups:
+            hit = self._cache.get(self.cache_key("vectors", column, metric, g))
+            if hit is None:
+                missing.append(g)
+            else:
+                found[g] = hit
         if missing:
             table = self._file.read_row_groups(missing, columns=[column])
             col = table.column(column).combine_chunks()
             flat = np.asarray(col.flatten().to_numpy(zero_copy_only=False), dtype=np.float32)
             x = prepare(flat.reshape(len(col), -1), metric)
             at = 0
-            with self._lock:
-                for g in missing:
-                    n = int(self._rg_starts[g + 1] - self._rg_starts[g])
-                    if self._vectors_bytes > VECTOR_CACHE_BYTES:
-                        self._vectors.clear()
-                        self._vectors_bytes = 0
-                    self._vectors[g] = x[at:at + n]
-                    self._vectors_bytes += x[at:at + n].nbytes
-                    at += n
-        with self._lock:
-            cached = {int(g): self._vectors[int(g)] for g in groups}
+            for g in missing:
+                n = int(self._rg_starts[g + 1] - self._rg_starts[g])
+                # A copy per group, so an evicted group frees its own memory.
+                part = x[at:at + n] if len(missing) == 1 else x[at:at + n].copy()
+                found[g] = self._cache.put(self.cache_key("vectors", column, metric, g),
+                                           part, part.nbytes)
+                at += n
         starts = self._rg_starts
 
         def lookup(rs: np.ndarray) -> np.ndarray:
             g_of = np.searchsorted(starts, rs, side="right") - 1
-            out = np.empty((len(rs), next(iter(cached.values())).shape[1]), dtype=np.float32)
+            out = np.empty((len(rs), next(iter(found.values())).shape[1]), dtype=np.float32)
             for g in np.unique(g_of):
                 m = g_of == g
-                out[m] = cached[int(g)][rs[m] - starts[g]]
+                out[m] = found[int(g)][rs[m] - starts[g]]
             return out
 
         return lookup
 
     def ids(self) -> np.ndarray:
-        """The ``_id`` column (8 bytes a row), read once and kept."""
-        if self._ids is None:
-            self._ids = self._file.read(columns=["_id"]).column(0).to_numpy()
-        return self._ids
+        """The ``_id`` column (8 bytes a row), kept in the cache."""
+        def load():
+            ids = self._file.read(columns=["_id"]).column(0).to_numpy()
+            return ids, ids.nbytes
+
+        return self._cache.get_or_load(self.cache_key("ids"), load)
 
     def row_groups_of(self, rows: np.ndarray) -> np.ndarray:
         return np.unique(np.searchsorted(self._rg_starts, rows, side="right") - 1)

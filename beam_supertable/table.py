@@ -15,7 +15,9 @@ from beam_supertable.errors import (
     CommitConflictError, MemoryBudgetError, SchemaMismatchError, SupertableError)
 from beam_supertable.manifest import (
     DEFAULT_MAX_RETRIES, CommitRequest, Manifest, Snapshot, VacuumReport)
-from beam_supertable.filters import mask, may_match
+from beam_supertable.cache import DEFAULT_CACHE_BYTES, ByteCache
+from beam_supertable.filters import mask, may_match, pruned
+from beam_supertable.fts import index as fts_index
 from beam_supertable.fts import search as text_search
 from beam_supertable.reader import IOStats, SuperfileReader
 from beam_supertable.schema import ID, Data, conform, vector_dim
@@ -49,16 +51,20 @@ class Supertable:
         A handle reads one version (snapshot isolation); ``refresh()`` moves
         it to the latest. Writes through a handle move it to the version they
         commit.
+
+        What a handle keeps from its reads (opened superfiles, index
+        sections, decoded codes, rerank vectors, deletion vectors, bloom
+        filters) shares one LRU budget of ``cache_bytes`` (keyword of
+        ``create``/``open``; ``DEFAULT_CACHE_BYTES``, 1 GiB, by default).
     """
 
-    def __init__(self, store: ObjectStore, snapshot: Snapshot) -> None:
+    def __init__(self, store: ObjectStore, snapshot: Snapshot, *,
+                 cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         self._store = store
         self._manifest = snapshot.manifest
         self._snapshot = snapshot
-        self._readers: Dict[str, SuperfileReader] = {}
+        self._cache = ByteCache(cache_bytes)
         self._grid: Optional[np.ndarray] = None
-        self._bloom_cache: dict = {}
-        self._deleted: Dict[str, np.ndarray] = {}
         self.io = IOStats()
 
     # -- opening ---------------------------------------------------------
@@ -68,7 +74,8 @@ class Supertable:
                n_cells: Optional[int] = None, storage_options: Optional[dict] = None, *,
                replica_factor: float = 0.0, stop_words: Sequence[str] = (),
                target_superfile_bytes: int = TARGET_SUPERFILE_BYTES,
-               single_writer: bool = False) -> "Supertable":
+               single_writer: bool = False,
+               cache_bytes: int = DEFAULT_CACHE_BYTES) -> "Supertable":
         """Creates an empty table; raises TableExistsError if one is there.
 
         Args:
@@ -80,6 +87,7 @@ class Supertable:
             replica_factor: share of rows also posted to their second-nearest
                 cell (vector-only), for rows within that share of the boundary.
             stop_words: words the tokenizer drops (none by default).
+            cache_bytes: the handle's read cache budget (see the class note).
         """
         if ID in schema.names:
             raise SchemaMismatchError(f"{uri}: column {ID!r} is reserved for row ids")
@@ -103,15 +111,20 @@ class Supertable:
                             "stop_words": sorted({w.casefold() for w in stop_words})}
         store = ObjectStore(uri, storage_options, single_writer=single_writer)
         full = pa.schema([pa.field(ID, pa.int64(), nullable=False)] + list(schema))
-        return cls(store, Manifest(store).create(full, props))
+        return cls(store, Manifest(store).create(full, props), cache_bytes=cache_bytes)
 
     @classmethod
     def open(cls, uri: str, version: Optional[int] = None,
              storage_options: Optional[dict] = None, *,
-             single_writer: bool = False) -> "Supertable":
-        """Opens one version (the latest by default): a consistent snapshot."""
+             single_writer: bool = False,
+             cache_bytes: int = DEFAULT_CACHE_BYTES) -> "Supertable":
+        """Opens one version (the latest by default): a consistent snapshot.
+
+        Args:
+            cache_bytes: the handle's read cache budget (see the class note).
+        """
         store = ObjectStore(uri, storage_options, single_writer=single_writer)
-        return cls(store, Manifest(store).load(version))
+        return cls(store, Manifest(store).load(version), cache_bytes=cache_bytes)
 
     def refresh(self) -> "Supertable":
         """This handle, moved to the latest version."""
@@ -120,7 +133,8 @@ class Supertable:
 
     def checkout(self, version: int) -> "Supertable":
         """Another handle on ``version`` of the same table."""
-        return Supertable(self._store, self._manifest.load(version))
+        return Supertable(self._store, self._manifest.load(version),
+                          cache_bytes=self._cache.capacity_bytes)
 
     # -- metadata --------------------------------------------------------
     @property
@@ -142,6 +156,11 @@ class Supertable:
     @property
     def snapshot(self) -> Snapshot:
         return self._snapshot
+
+    @property
+    def cache(self) -> ByteCache:
+        """The handle's read cache (one LRU byte budget)."""
+        return self._cache
 
     @property
     def properties(self) -> Dict[str, Any]:
@@ -281,7 +300,7 @@ class Supertable:
         """Deletes the rows matching ``filter`` with deletion vectors, in one commit."""
         add, expected, count = {}, {}, 0
         for e in self.superfiles():
-            if not may_match(e, filter):
+            if not may_match(e, filter, self.schema):
                 continue
             rows = np.where(mask(self._reader(e).read(), filter))[0]
             rows = np.setdiff1d(rows, self._deleted_rows(e))
@@ -317,18 +336,30 @@ class Supertable:
         return self._snapshot.entries()
 
     def _reader(self, entry: dict) -> SuperfileReader:
-        reader = self._readers.get(entry["path"])
-        if reader is None:
-            reader = self._readers[entry["path"]] = SuperfileReader(self._store, entry, self.io)
-        return reader
+        def load():
+            reader = SuperfileReader(self._store, entry, self.io, self._cache)
+            return reader, reader.nbytes
+
+        return self._cache.get_or_load(("reader", entry["path"]), load)
 
     def _deleted_rows(self, entry: dict) -> np.ndarray:
-        paths = self._snapshot.deletes.get(entry["id"], [])
-        key = "|".join(paths)
-        if key not in self._deleted:
-            rows = [dv.decode(self._store.get(p), f"{self.uri}/{p}") for p in paths]
-            self._deleted[key] = np.unique(np.concatenate(rows)) if rows else np.zeros(0, np.int64)
-        return self._deleted[key]
+        paths = tuple(self._snapshot.deletes.get(entry["id"], ()))
+        if not paths:
+            return np.zeros(0, np.int64)
+
+        def load():
+            rows = np.unique(np.concatenate(
+                [dv.decode(self._store.get(p), f"{self.uri}/{p}") for p in paths]))
+            return rows, rows.nbytes
+
+        return self._cache.get_or_load(("deleted",) + paths, load)
+
+    def _bloom(self, entry: dict) -> bytes:
+        def load():
+            bits = fts_index.bloom_bits(entry["text"]["bloom"])
+            return bits, len(bits)
+
+        return self._cache.get_or_load(("bloom", entry["id"]), load)
 
     def to_arrow(self, columns: Optional[Sequence[str]] = None,
                  filter: Optional[pc.Expression] = None) -> pa.Table:  # noqa: A002
@@ -340,11 +371,8 @@ class Supertable:
         unknown = [c for c in names if c not in self.schema.names]
         if unknown:
             raise SchemaMismatchError(f"{self.uri}: unknown column(s) {unknown}")
-        out = []
-        for e in self.superfiles():
-            if filter is not None and not may_match(e, filter):
-                continue
-            out.append(self.read_superfile(e, names, filter))
+        out = [self.read_superfile(e, names, filter)
+               for e in pruned(self.superfiles(), filter, self.schema)]
         if not out:
             return pa.schema([self.schema.field(c) for c in names]).empty_table()
         return pa.concat_tables(out)
@@ -418,9 +446,7 @@ class Supertable:
                 raise SupertableError(f"{self.uri}: the table has no text columns to search")
             if not isinstance(text, str):
                 raise TypeError(f"{self.uri}: text must be a string, got {type(text).__name__}")
-        entries = self.superfiles()
-        if filter is not None:
-            entries = [e for e in entries if may_match(e, filter)]
+        entries = pruned(self.superfiles(), filter, self.schema)
         allowed = self._allowed(entries, filter)
         depth = k if (queries is None or text is None) else max(k * 4, 50)
         vec = self._vector_hits(queries, depth, nprobe, entries, allowed) \
@@ -428,10 +454,9 @@ class Supertable:
         txt = None
         if text is not None:
             fp = self._fts_props()
-            readers = [self._reader(e) for e in entries]
             txt = text_search.text_candidates(
-                readers, entries, text, depth, fp["columns"],
-                frozenset(fp.get("stop_words", ())), allowed, self._bloom_cache)
+                entries, self.superfiles(), text, depth, fp["columns"],
+                frozenset(fp.get("stop_words", ())), self._reader, self._bloom, allowed)
         results = []
         for qi in range(1 if queries is None else len(queries)):
             if txt is None:

@@ -32,7 +32,7 @@ from beam_supertable.errors import (
 from beam_supertable.manifest import CommitRequest
 from beam_supertable.schema import ID, conform
 from beam_supertable.superfile import vectors_of
-from beam_supertable.filters import may_match
+from beam_supertable.filters import pruned
 from beam_supertable.table import Supertable
 from beam_supertable.vector import grid as grid_mod
 from beam_supertable.writer import TARGET_SUPERFILE_BYTES, build_and_upload
@@ -585,9 +585,7 @@ class _ListSuperfiles(beam.DoFn):
 
     def process(self, _):
         table = Supertable.open(self._uri, version=self._version, storage_options=self._options)
-        for entry in table.superfiles():
-            if self._filter is None or may_match(entry, self._filter):
-                yield entry
+        yield from pruned(table.superfiles(), self._filter, table.schema)
 
 
 class _ReadSuperfile(beam.DoFn):

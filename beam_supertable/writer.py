@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from beam_supertable import superfile
-from beam_supertable.filters import column_stats
+from beam_supertable.filters import column_stats, null_counts
 from beam_supertable.ids import new_ids
 from beam_supertable.schema import ID
 from beam_supertable.store import ObjectStore
@@ -75,6 +75,7 @@ def build_and_upload(store: ObjectStore, table: pa.Table, layout: Layout,
         "id_min": int(ids.min()) if len(ids) else None,
         "id_max": int(ids.max()) if len(ids) else None,
         "stats": column_stats(table),
+        "null_counts": null_counts(table),
         **summary,
     }
     if grid_id is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
@@ -27,6 +27,7 @@ from beam_supertable.fts.tokenize import tokenize_column
 BLOOM_BITS_PER_TERM = 10
 BLOOM_HASHES = 7
 BLOOM_MAX_BYTES = 1 << 20
+TERM_OVERHEAD_BYTES = 160   # a loaded term: its str object and its slot in the lookup dict
 
 
 def row_texts(table: pa.Table, columns: Sequence[str]) -> pa.Array:
@@ -86,6 +87,9 @@ class TextIndex:
         self.tf = post.column("tf").to_numpy()
         self.lengths = lengths.column("length").to_numpy()
         self._lookup = {t: i for i, t in enumerate(self.terms)}
+        # The arrays are views of ``data``; the terms as Python strings and
+        # the lookup dict cost about a hundred bytes a term more.
+        self.nbytes = len(data) + TERM_OVERHEAD_BYTES * len(self.terms)
 
     def postings(self, term: str) -> Optional[Tuple[np.ndarray, np.ndarray]]:
         i = self._lookup.get(term)
@@ -114,14 +118,16 @@ def bloom_build(terms: Sequence[str]) -> str:
     return base64.b64encode(np.packbits(bits, bitorder="little").tobytes()).decode()
 
 
-def bloom_may_contain(bloom: str, term: str, cache: Optional[dict] = None) -> bool:
-    bits = None if cache is None else cache.get(bloom)
-    if bits is None:
-        bits = np.unpackbits(np.frombuffer(base64.b64decode(bloom), dtype=np.uint8),
-                             bitorder="little").astype(bool)
-        if cache is not None:
-            cache[bloom] = bits
-    return bool(bits[_hashes(term, len(bits))].all())
+def bloom_bits(bloom: str) -> bytes:
+    """The bit array of a manifest bloom filter (its base64 decoded)."""
+    return base64.b64decode(bloom)
+
+
+def bloom_may_contain(bloom: Union[str, bytes], term: str) -> bool:
+    """False only when ``term`` is surely absent; ``bloom`` as in the manifest or decoded."""
+    bits = bloom_bits(bloom) if isinstance(bloom, str) else bloom
+    # Bit i is bit i % 8 of byte i // 8 (np.packbits(..., bitorder="little")).
+    return all(bits[i >> 3] >> (i & 7) & 1 for i in _hashes(term, len(bits) * 8))
 
 
 def bm25(tf: np.ndarray, lengths: np.ndarray, df: int, n_docs: int, avg_len: float,

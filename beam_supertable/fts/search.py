@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from beam_supertable.fts import index as fts_index
 from beam_supertable.fts.tokenize import contains_phrase, parse_query, tokenize_many
-from beam_supertable.reader import SuperfileReader
+
+if TYPE_CHECKING:
+    from beam_supertable.reader import SuperfileReader
 
 RRF_K = 60
+CHECK_BATCH_MIN = 64   # rows checked (phrases, filter) at a time at first, per superfile
 
 
 def rrf(rankings: Sequence[Sequence[Tuple[int, int]]], k: int) -> List[Tuple[float, Tuple[int, int]]]:
@@ -22,54 +25,108 @@ def rrf(rankings: Sequence[Sequence[Tuple[int, int]]], k: int) -> List[Tuple[flo
     return sorted(((s, key) for key, s in scores.items()), key=lambda t: (-t[0], t[1]))[:k]
 
 
-def text_candidates(readers: Sequence[SuperfileReader], entries: Sequence[dict], query: str,
-                    k: int, fts_columns: Sequence[str], stop_words,
-                    allowed: Optional[Callable[[int, np.ndarray], np.ndarray]],
-                    bloom_cache: dict) -> List[Tuple[float, int, int]]:
-    """BM25 top ``k`` as (score, superfile, row), best first."""
+def text_candidates(entries: Sequence[dict], collection: Sequence[dict], query: str, k: int,
+                    fts_columns: Sequence[str], stop_words,
+                    reader_of: Callable[[dict], SuperfileReader],
+                    bloom_of: Callable[[dict], bytes],
+                    allowed: Optional[Callable[[int, np.ndarray], np.ndarray]] = None
+                    ) -> List[Tuple[float, int, int]]:
+    """BM25 top ``k`` as (score, superfile, row), best first; superfile indexes ``entries``.
+
+    Args:
+        entries: the superfiles to search (those a filter left).
+        collection: every superfile of the version. BM25's collection
+            statistics (rows, average length, each term's document
+            frequency) sum over all of them, so a row's score does not
+            depend on how the rows were split into superfiles or on what a
+            filter or the bloom filters skip.
+        reader_of: opens a superfile (only those that may hold a term).
+        bloom_of: a superfile's decoded term bloom filter.
+        allowed: ``allowed(superfile, rows) -> mask`` of rows that may be
+            returned (filter and deletes), or None for all.
+    """
     terms, required, phrases = parse_query(query, stop_words)
-    if not terms:
+    if not terms or not entries:
         return []
-    n_docs = sum(e["text"]["rows"] for e in entries)
-    total = sum(e["text"]["total_length"] for e in entries)
+    n_docs = sum(e["text"]["rows"] for e in collection)
+    total = sum(e["text"]["total_length"] for e in collection)
     avg = total / n_docs if n_docs else 0.0
-    # Superfiles that may hold every required term and at least one term.
+    df = {t: 0 for t in terms}
+    for e in collection:
+        bits = bloom_of(e)
+        present = [t for t in terms if fts_index.bloom_may_contain(bits, t)]
+        if present:
+            ix = reader_of(e).text_index()
+            for t in present:
+                df[t] += ix.doc_freq(t)
+    # Score only superfiles that may hold every required term and some term.
     must = set(required) | {w for p in phrases for w in p}
-    candidates = []
+    results: List[Tuple[float, int, int]] = []
     for si, e in enumerate(entries):
-        bloom = e["text"]["bloom"]
-        if any(not fts_index.bloom_may_contain(bloom, t, bloom_cache) for t in must):
+        bits = bloom_of(e)
+        if any(not fts_index.bloom_may_contain(bits, t) for t in must):
             continue
-        if not any(fts_index.bloom_may_contain(bloom, t, bloom_cache) for t in terms):
+        if not any(fts_index.bloom_may_contain(bits, t) for t in terms):
             continue
-        candidates.append(si)
-    indexes = {si: readers[si].text_index() for si in candidates}
-    df = {t: sum(ix.doc_freq(t) for ix in indexes.values()) for t in terms}
-    results = []
-    for si, ix in indexes.items():
-        scores = np.zeros(len(ix.lengths), dtype=np.float64)
-        hits = np.zeros(len(ix.lengths), dtype=bool)
-        for t in terms:
-            p = ix.postings(t)
-            if p is None:
-                continue
-            rows, tf = p
-            scores[rows] += fts_index.bm25(tf.astype(np.float64), ix.lengths[rows], df[t], n_docs, avg)
-            hits[rows] = True
-        for t in must:
-            p = ix.postings(t)
-            present = np.zeros(len(ix.lengths), dtype=bool)
-            if p is not None:
-                present[p[0]] = True
-            hits &= present
-        rows = np.where(hits)[0]
-        if len(rows) and phrases:
-            texts = fts_index.row_texts(readers[si].take(rows, columns=list(fts_columns)), fts_columns)
-            ok = np.array([all(contains_phrase(toks, ph) for ph in phrases)
-                           for toks in tokenize_many(texts.to_pylist(), stop_words)], dtype=bool)
-            rows = rows[ok]
-        if len(rows) and allowed is not None:
-            rows = rows[allowed(si, rows)]
-        results.extend((float(scores[r]), si, int(r)) for r in rows)
+        reader = reader_of(e)
+
+        def keep(rows: np.ndarray, si=si, reader=reader) -> np.ndarray:
+            ok = np.ones(len(rows), dtype=bool)
+            if phrases:
+                texts = fts_index.row_texts(reader.take(rows, columns=list(fts_columns)),
+                                            fts_columns)
+                ok = np.array([all(contains_phrase(toks, ph) for ph in phrases)
+                               for toks in tokenize_many(texts.to_pylist(), stop_words)],
+                              dtype=bool)
+            if allowed is not None and ok.any():
+                ok[ok] = allowed(si, rows[ok])
+            return ok
+
+        check = keep if (phrases or allowed is not None) else None
+        for score, row in _superfile_top(reader.text_index(), terms, must, df, n_docs, avg, k,
+                                         check):
+            results.append((score, si, row))
     results.sort(key=lambda t: (-t[0], t[1], t[2]))
     return results[:k]
+
+
+def _superfile_top(ix, terms: Sequence[str], must, df: Dict[str, int], n_docs: int,
+                   avg: float, k: int, check: Optional[Callable[[np.ndarray], np.ndarray]]
+                   ) -> List[Tuple[float, int]]:
+    """One superfile's best ``k`` (score, row), best first (ties by row).
+
+    Rows are ranked by score and checked (phrases, filter) a growing batch at
+    a time, so only about ``k`` rows are kept and only the best are read.
+    """
+    scores = np.zeros(len(ix.lengths), dtype=np.float64)
+    hits = np.zeros(len(ix.lengths), dtype=bool)
+    for t in terms:
+        p = ix.postings(t)
+        if p is None:
+            continue
+        rows, tf = p
+        scores[rows] += fts_index.bm25(tf.astype(np.float64), ix.lengths[rows], df[t], n_docs, avg)
+        hits[rows] = True
+    for t in must:
+        p = ix.postings(t)
+        present = np.zeros(len(ix.lengths), dtype=bool)
+        if p is not None:
+            present[p[0]] = True
+        hits &= present
+    rows = np.flatnonzero(hits)
+    if check is None and len(rows) > k:
+        # The k best without sorting every hit: all rows scoring at least the
+        # k-th best score (ties included), then an exact sort of those.
+        kth = np.partition(-scores[rows], k - 1)[k - 1]
+        rows = rows[-scores[rows] <= kth]
+    order = rows[np.lexsort((rows, -scores[rows]))]
+    if check is None:
+        return [(float(scores[r]), int(r)) for r in order[:k]]
+    kept: List[int] = []
+    pos, step = 0, max(k, CHECK_BATCH_MIN)
+    while pos < len(order) and len(kept) < k:
+        batch = order[pos:pos + step]
+        kept.extend(batch[check(batch)].tolist())
+        pos += len(batch)
+        step *= 2
+    return [(float(scores[r]), int(r)) for r in kept[:k]]

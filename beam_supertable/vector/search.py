@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -27,7 +26,6 @@ RUN_KEEP_PER_K = 3               # SQ8 candidates a run may contribute, per requ
 SHORTLIST_MIN_ENTRIES = 16_384   # runs larger than this are shortlisted by 1-bit codes
 SHORTLIST_SHARE = 0.25
 FINE_PROBE_SHARE = 0.5
-DECODED_CACHE_BYTES = 256 << 20  # decoded SQ8 kept per superfile handle
 
 
 def default_nprobe(n_cells: int) -> int:
@@ -53,11 +51,8 @@ class VectorIndex:
                                for j in range(n_fine)]
         for cell, start, count, fine, _ in vec["replicas"]:
             self.runs.setdefault(cell, []).append((self.rows + start, self.rows + start + count, fine))
-        self._lock = threading.Lock()
         self._params = None
         self._fine = None
-        self._decoded: Dict[Tuple[int, int], np.ndarray] = {}
-        self._decoded_bytes = 0
         self._replica_rows = None
 
     def params(self) -> np.ndarray:
@@ -73,20 +68,14 @@ class VectorIndex:
         return self._fine
 
     def decoded(self, start: int, stop: int) -> np.ndarray:
-        key = (start, stop)
-        with self._lock:
-            hit = self._decoded.get(key)
-        if hit is not None:
-            return hit
-        data = self.reader.section_range("vector.sq8", start * self.dim, stop * self.dim)
-        dec = codes.sq8_decode(np.frombuffer(data, dtype=np.uint8).reshape(-1, self.dim), self.params())
-        with self._lock:
-            if self._decoded_bytes + dec.nbytes > DECODED_CACHE_BYTES:
-                self._decoded.clear()
-                self._decoded_bytes = 0
-            self._decoded[key] = dec
-            self._decoded_bytes += dec.nbytes
-        return dec
+        """The SQ8 codes of entries ``[start, stop)`` decoded to fp32 (kept in the cache)."""
+        def load():
+            data = self.reader.section_range("vector.sq8", start * self.dim, stop * self.dim)
+            dec = codes.sq8_decode(np.frombuffer(data, dtype=np.uint8).reshape(-1, self.dim),
+                                   self.params())
+            return dec, dec.nbytes
+
+        return self.reader.cache.get_or_load(self.reader.cache_key("sq8", start, stop), load)
 
     def bits(self, start: int, stop: int) -> np.ndarray:
         data = self.reader.section_range("vector.bits", start * self.nbytes, stop * self.nbytes)

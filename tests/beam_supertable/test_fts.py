@@ -1,15 +1,19 @@
 """Tokenizer, BM25 against a plain reference, query syntax, bloom skipping."""
 
 import math
+import uuid
 from collections import Counter
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from beam_supertable import Supertable
 from beam_supertable.fts.index import bloom_build, bloom_may_contain
-from beam_supertable.fts.tokenize import parse_query, tokenize
+from beam_supertable.fts.tokenize import contains_phrase, parse_query, tokenize
 
 DOCS = [
     "The quick brown fox jumps over the lazy dog",
@@ -53,7 +57,7 @@ def _reference_bm25(docs, query_terms, k1=1.2, b=0.75):
     return out
 
 
-@pytest.fixture(params=[1, 3], ids=["one-superfile", "three-commits"])
+@pytest.fixture(params=[1, 3, len(DOCS)], ids=["one-superfile", "three-commits", "row-each"])
 def corpus_table(request, tmp_path):
     schema = pa.schema([("n", pa.int64()), ("body", pa.string())])
     t = Supertable.create(str(tmp_path / "t"), schema, fts_columns=["body"])
@@ -82,6 +86,68 @@ def test_required_terms_and_phrases(corpus_table):
     assert corpus_table.search(text="zebra", k=3).num_rows == 0
 
 
+def _reference_search(docs, query, k, allowed=None):
+    """Plain BM25 over every doc, then the +required and phrase conditions, best k."""
+    terms, required, phrases = parse_query(query)
+    scores = _reference_bm25(docs, terms)
+    out = []
+    for i, doc in enumerate(docs):
+        toks = tokenize(doc)
+        if not any(t in toks for t in terms) or not all(t in toks for t in required):
+            continue
+        if not all(contains_phrase(toks, ph) for ph in phrases):
+            continue
+        if allowed is None or allowed(i):
+            out.append((scores[i], i))
+    out.sort(key=lambda t: (-t[0], t[1]))
+    return out[:k]
+
+
+def _assert_same_hits(got, expected):
+    """Same rows with the same scores; rows tied on score may come in either order."""
+    mine = sorted(zip(got["n"].to_pylist(), got["_score"].to_pylist()))
+    theirs = sorted((i, s) for s, i in expected)
+    assert [n for n, _ in mine] == [i for i, _ in theirs]
+    np.testing.assert_allclose([s for _, s in mine], [s for _, s in theirs], rtol=1e-6)
+    np.testing.assert_allclose(got["_score"].to_numpy(), [s for s, _ in expected], rtol=1e-6)
+
+
+@pytest.mark.parametrize("query", ["brown +dog", "+fox +dog quick", '"brown fox" dog',
+                                   '+the "lazy dog"', 'quick "brown dog" +outpaces'])
+def test_required_terms_and_phrases_score_as_over_the_whole_collection(corpus_table, query):
+    got = corpus_table.search(text=query, k=len(DOCS))
+    _assert_same_hits(got, _reference_search(DOCS, query, len(DOCS)))
+
+
+def test_a_filter_does_not_change_the_scores(corpus_table):
+    # A filter (and the superfiles its statistics prune) restricts the rows,
+    # not the collection BM25's statistics come from.
+    got = corpus_table.search(text="brown fox", k=len(DOCS), filter=pc.field("n") >= 4)
+    _assert_same_hits(got, _reference_search(DOCS, "brown fox", len(DOCS), lambda i: i >= 4))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(docs=st.lists(st.lists(st.sampled_from("ant bee cat dog eel fox".split()),
+                              min_size=1, max_size=8).map(" ".join), min_size=1, max_size=12),
+       splits=st.integers(min_value=1, max_value=5),
+       query=st.sampled_from(["bee", "ant +cat", "+dog +eel fox", '"ant bee"', 'cat "dog eel"',
+                              '+fox "bee bee" ant']),
+       k=st.integers(min_value=1, max_value=6))
+def test_text_search_is_the_reference_however_rows_are_split(docs, splits, query, k):
+    t = Supertable.create(f"memory://fts/{uuid.uuid4().hex}",
+                          pa.schema([("n", pa.int64()), ("body", pa.string())]),
+                          fts_columns=["body"])
+    for chunk in np.array_split(np.arange(len(docs)), min(splits, len(docs))):
+        t.append(pa.table({"n": chunk, "body": [docs[i] for i in chunk]}))
+    expected = _reference_search(docs, query, len(docs))
+    got = t.search(text=query, k=k)
+    # The k best: the reference's first k scores, rows free among ties at the cut.
+    np.testing.assert_allclose(got["_score"].to_numpy(), [s for s, _ in expected[:k]], rtol=1e-6)
+    score_of = {i: s for s, i in expected}
+    for n, s in zip(got["n"].to_pylist(), got["_score"].to_pylist()):
+        assert score_of[n] == pytest.approx(s, rel=1e-6)
+
+
 def test_bloom_filter_has_no_false_negatives_and_few_false_positives():
     terms = [f"term{i}" for i in range(2000)]
     bloom = bloom_build(terms)
@@ -92,11 +158,18 @@ def test_bloom_filter_has_no_false_negatives_and_few_false_positives():
 
 def test_text_search_skips_superfiles_without_the_terms(tmp_path):
     schema = pa.schema([("body", pa.string())])
-    t = Supertable.create(str(tmp_path / "t"), schema, fts_columns=["body"])
-    for i in range(6):
-        t.append(pa.table({"body": [f"common words only {j}" for j in range(50)]
-                           + ([f"needle{i}"] if i == 3 else [])}))
-    t = Supertable.open(str(tmp_path / "t"))
-    assert t.search(text="needle3", k=5)["body"].to_pylist() == ["needle3"]
-    opened = sum(1 for r in t._readers.values() if r._text is not None)
-    assert opened == 1
+    batches = [pa.table({"body": [f"common words only {j}" for j in range(50)]
+                         + ([f"needle{i}"] if i == 3 else [])}) for i in range(6)]
+    six = Supertable.create(str(tmp_path / "six"), schema, fts_columns=["body"])
+    for batch in batches:
+        six.append(batch)
+    one = Supertable.create(str(tmp_path / "one"), schema, fts_columns=["body"])
+    one.append(batches[3])
+    reads = []
+    for uri in (tmp_path / "six", tmp_path / "one"):
+        t = Supertable.open(str(uri))
+        assert t.search(text="needle3", k=5)["body"].to_pylist() == ["needle3"]
+        reads.append(t.io.snapshot())
+    # Six superfiles cost what the one holding the term costs: the others
+    # are neither opened nor read.
+    assert reads[0] == reads[1]
