@@ -11,6 +11,7 @@ from beam_supertable import (
     CommitConflictError, CommitRequest, CorruptManifestError, Manifest, NotATableError,
     ObjectStore, SchemaMismatchError, Supertable, TableExistsError, VersionNotFoundError)
 from beam_supertable.manifest import HINT, PART_FANOUT, version_path
+from tests.conftest import s3_options
 
 SCHEMA = pa.schema([("x", pa.int64()), ("s", pa.string())])
 
@@ -177,3 +178,24 @@ def test_vacuum_keeps_retained_and_young_objects(tmp_path):
     assert Supertable.open(uri, version=3).to_arrow().num_rows == 3
     with pytest.raises(VersionNotFoundError):
         Supertable.open(uri, version=1)
+
+
+@pytest.mark.s3
+def test_a_listing_cached_by_one_handle_never_hides_a_newer_version(s3_server, s3_bucket):
+    uri, options = f"s3://{s3_bucket}/table", s3_options(s3_server)
+    Manifest(ObjectStore(uri, options)).create(SCHEMA)
+    lister, writer = Manifest(ObjectStore(uri, options)), Manifest(ObjectStore(uri, options))
+    assert lister.store.fs is writer.store.fs  # fsspec hands both handles one s3fs instance
+    base = writer.load()
+    lister.history()  # lists versions/: s3fs caches that listing in the shared instance
+    # Another process: its own S3 client and cache, so its writes invalidate nothing here.
+    elsewhere = Manifest(ObjectStore(uri, {**options, "skip_instance_cache": True}))
+    assert elsewhere.store.fs is not writer.store.fs
+    elsewhere.commit(CommitRequest(add_entries=(_entry(1),)))
+    assert lister.latest_version() == writer.latest_version() == 1
+    # Racing from the stale base, the writer loses the create of version 1 and
+    # must see the winner to rebase; a cached listing would hide it forever.
+    writer._sleep = lambda s: None
+    landed = writer.commit(CommitRequest(add_entries=(_entry(2),)), base=base, max_retries=3)
+    assert landed.version == 2
+    assert sorted(e["id"] for e in landed.entries()) == ["sf1", "sf2"]
