@@ -1,18 +1,20 @@
 """A table of Parquet superfiles on any fsspec object store, committed with OCC."""
 
 from beam_supertable.errors import (
-    AlreadyExists, CommitConflictError, CorruptManifestError, MemoryBudgetError, NotATableError,
-    SchemaMismatchError, SupertableError, TableExistsError, UnsafeBackendError,
-    VersionNotFoundError)
+    AlreadyExists, CommitConflictError, CommitFailedError, CorruptManifestError,
+    MemoryBudgetError, NotATableError, SchemaMismatchError, SupertableError, TableExistsError,
+    TokenReuseError, UnsafeBackendError, VersionNotFoundError)
 from beam_supertable.manifest import CommitRequest, Manifest, Snapshot, VacuumReport
 from beam_supertable.store import ObjectInfo, ObjectStore
 from beam_supertable.table import Supertable
 
 __all__ = [
     "CommitResult", "ReadFromSupertable", "WriteResult", "WriteToSupertable",
-    "AlreadyExists", "CommitConflictError", "CommitRequest", "CorruptManifestError",
+    "AlreadyExists", "CommitConflictError", "CommitFailedError", "CommitRequest",
+    "CorruptManifestError",
     "Manifest", "MemoryBudgetError", "NotATableError", "ObjectInfo", "ObjectStore", "SchemaMismatchError",
-    "Snapshot", "Supertable", "SupertableError", "TableExistsError", "UnsafeBackendError",
+    "Snapshot", "Supertable", "SupertableError", "TableExistsError", "TokenReuseError",
+    "UnsafeBackendError",
     "VacuumReport", "VersionNotFoundError",
 ]
 
