@@ -551,7 +551,7 @@ class Manifest:
                 table and the step in the message and the original chained.
         """
         self.store.check_writable()
-        fingerprint = commit_fingerprint(req)
+        fingerprint = commit_fingerprint(req) if req.token is not None else None
         attempted: Dict[int, Dict[str, Any]] = {}   # version -> commit info this call sent
         attempt = 0
         own_part = None
@@ -649,7 +649,9 @@ class Manifest:
                 version += 1
             return base if version == base.version else self.load(version)
         except Exception as exc:
-            if not _transient(exc):
+            # A version that vanished between the probe and the read: load
+            # afresh rather than give up (a missing table still fails there).
+            if not _transient(exc) and not isinstance(exc, VersionNotFoundError):
                 wrapped = _with_context(exc, f"{self.store.uri}: reloading after version "
                                              f"{base.version} failed")
                 if wrapped is None:
