@@ -226,8 +226,10 @@ class CommitRequest:
             ``replace_properties``.
         replace_properties: property names this commit may overwrite.
         schema: a new table schema; needs ``allow_schema_change``.
-        token: idempotency token; a commit whose token already landed
-            returns that version instead of committing again.
+        token: idempotency token; a commit whose token already landed with
+            the same fingerprint (``commit_fingerprint``) returns that version
+            instead of committing again; with another one it raises
+            TokenReuseError.
         metadata: user metadata kept in the commit info (e.g. a frontier).
         base_version: the version the writer read; tokens are also searched
             back to it (beyond the recent-token window) when given.
