@@ -2,9 +2,9 @@
 
 from beam_supertable._version import __version__
 from beam_supertable.errors import (
-    AlreadyExists, CommitConflictError, CorruptManifestError, MemoryBudgetError, NotATableError,
-    SchemaMismatchError, SupertableError, TableExistsError, UnsafeBackendError,
-    VersionNotFoundError)
+    AlreadyExists, CommitConflictError, CommitFailedError, CorruptManifestError,
+    MemoryBudgetError, NotATableError, SchemaMismatchError, SupertableError, TableExistsError,
+    TokenReuseError, UnsafeBackendError, VersionNotFoundError)
 from beam_supertable.manifest import CommitRequest, Manifest, Snapshot, VacuumReport
 from beam_supertable.store import ObjectInfo, ObjectStore
 from beam_supertable.table import Supertable
@@ -12,9 +12,11 @@ from beam_supertable.table import Supertable
 __all__ = [
     "__version__",
     "CommitResult", "ReadFromSupertable", "WriteResult", "WriteToSupertable",
-    "AlreadyExists", "CommitConflictError", "CommitRequest", "CorruptManifestError",
+    "AlreadyExists", "CommitConflictError", "CommitFailedError", "CommitRequest",
+    "CorruptManifestError",
     "Manifest", "MemoryBudgetError", "NotATableError", "ObjectInfo", "ObjectStore", "SchemaMismatchError",
-    "Snapshot", "Supertable", "SupertableError", "TableExistsError", "UnsafeBackendError",
+    "Snapshot", "Supertable", "SupertableError", "TableExistsError", "TokenReuseError",
+    "UnsafeBackendError",
     "VacuumReport", "VersionNotFoundError",
 ]
 

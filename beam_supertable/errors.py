@@ -1,5 +1,7 @@
 """The supertable's exceptions: one base, each subclassing what callers already catch."""
 
+from typing import Optional
+
 
 class SupertableError(Exception):
     """Base of every error raised by beam_supertable."""
@@ -30,7 +32,35 @@ class CorruptManifestError(SupertableError, ValueError):
 
 
 class CommitConflictError(SupertableError):
-    """A commit did not land within its retry budget, or conflicts with a newer version."""
+    """A commit conflicts with a newer version in a way a rebase cannot resolve.
+
+    Also the base of :class:`CommitFailedError`, so code that catches this for
+    lost races keeps working.
+    """
+
+
+class CommitFailedError(CommitConflictError):
+    """A commit did not land within its retry budget (lost races or transient errors)."""
+
+
+class TokenReuseError(SupertableError, ValueError):
+    """An idempotency token already landed with a different commit.
+
+    Attributes:
+        token: the reused token.
+        landed_version: the version that holds the token's first commit.
+        base_version: the version the refused commit was rebased on.
+    """
+
+    def __init__(self, message: str, *, token: Optional[str] = None,
+                 landed_version: Optional[int] = None,
+                 base_version: Optional[int] = None) -> None:
+        # One positional argument: Beam re-raises a DoFn's error as
+        # ``type(exc)(augmented_message)``, which keeps the type.
+        super().__init__(message)
+        self.token = token
+        self.landed_version = landed_version
+        self.base_version = base_version
 
 
 class SchemaMismatchError(SupertableError, ValueError):

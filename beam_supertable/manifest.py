@@ -9,9 +9,14 @@ Layout under the table root::
 A version document is JSON holding the format version, the Arrow schema
 (IPC bytes, base64), table properties, the list of manifest parts, deletion
 vectors per superfile, running totals and the commit info (timestamp,
-operation, writer, idempotency token, user metadata such as a source
-frontier). Every document carries the SHA-256 of its canonical JSON and is
-checked against it when read.
+operation, writer, idempotency token and the commit's fingerprint, user
+metadata such as a source frontier). Every document carries the SHA-256 of
+its canonical JSON and is checked against it when read.
+
+Idempotency: a commit with a token that already landed is the same commit
+only if its fingerprint (``commit_fingerprint``) matches the one recorded
+with the token; then the landed version is returned (``deduplicated``),
+otherwise :class:`TokenReuseError` is raised.
 
 Commit cost does not grow with the table: a commit writes one new part with
 its own entries and references the base's parts unchanged; parts are merged
@@ -24,6 +29,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import datetime
+import errno
 import hashlib
 import json
 import logging
@@ -36,14 +42,17 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 import pyarrow as pa
 
+from beam_supertable import ids
+from beam_supertable.digest import combine
 from beam_supertable.errors import (
-    AlreadyExists, CommitConflictError, CorruptManifestError, NotATableError,
-    SchemaMismatchError, TableExistsError, VersionNotFoundError)
+    AlreadyExists, CommitConflictError, CommitFailedError, CorruptManifestError,
+    NotATableError, SchemaMismatchError, SupertableError, TableExistsError, TokenReuseError,
+    VersionNotFoundError)
 from beam_supertable.store import ObjectStore
 
 __all__ = [
     "CommitRequest", "Manifest", "PartRef", "Snapshot", "VacuumReport",
-    "backoff_seconds",
+    "backoff_seconds", "commit_fingerprint",
 ]
 
 _LOG = logging.getLogger(__name__)
@@ -92,6 +101,73 @@ def backoff_seconds(attempt: int, rng: random.Random = random) -> float:
     """10 ms × 2^attempt, at most 1 s, ±30% jitter."""
     base = min(BACKOFF_BASE_S * (2 ** attempt), BACKOFF_CAP_S)
     return base * (1 + rng.uniform(-BACKOFF_JITTER, BACKOFF_JITTER))
+
+
+# Entry fields that say where and under which ids rows were written, not what
+# they are: a rerun writes the same rows under new names and new ids.
+_PLACEMENT_FIELDS = frozenset(
+    {"id", "path", "bytes", "id_min", "id_max", "extra_paths", "digest", "grid", "_grid"})
+
+
+def commit_fingerprint(req: "CommitRequest") -> Dict[str, Any]:
+    """What makes two commits "the same commit" for an idempotency token.
+
+    The operation and the rows the commit adds: their count and their digest
+    (each superfile entry carries the ``digest`` of its rows, see
+    :mod:`beam_supertable.digest`; the digests of a commit add up to that of
+    all its rows, however they were split into superfiles). A rerun that
+    rebuilds the same rows into superfiles with new paths, new ``_id`` s or
+    a different split has the same fingerprint. An entry without a digest
+    counts by its content-derived fields (everything but its name, path,
+    size and ids). Deletion vectors and metadata are not part of it: a
+    rebased mutation may target other superfiles for the same rows.
+
+    Returns:
+        ``{"rows", "superfiles", "sha256"}``; only ``sha256`` is compared,
+        the counts are kept to make a mismatch readable.
+    """
+    rows = sum(int(e["rows"]) for e in req.add_entries)
+    digests = [e["digest"] for e in req.add_entries if isinstance(e.get("digest"), str)]
+    others = sorted(_canonical({k: v for k, v in e.items() if k not in _PLACEMENT_FIELDS}).decode()
+                    for e in req.add_entries if not isinstance(e.get("digest"), str))
+    body = {"operation": req.operation, "rows": rows, "digest": combine(digests),
+            "entries": others}
+    return {"rows": rows, "superfiles": len(req.add_entries),
+            "sha256": hashlib.sha256(_canonical(body)).hexdigest()}
+
+
+# errno values of failures a retry cannot fix.
+_PERMANENT_ERRNOS = frozenset(getattr(errno, name) for name in (
+    "EACCES", "EPERM", "ENOENT", "ENOTDIR", "EISDIR", "ENOSPC", "EROFS", "EDQUOT",
+    "ENAMETOOLONG", "EINVAL", "EBADF") if hasattr(errno, name))
+
+
+def _transient(exc: BaseException) -> bool:
+    """Whether retrying can fix ``exc``: timeouts, dropped connections, torn reads.
+
+    Lost races (``AlreadyExists``) are handled apart. Permissions, missing
+    objects or tables, full or read-only disks and every other supertable
+    error are not transient.
+    """
+    if isinstance(exc, CorruptManifestError):
+        return True   # a truncated read; a corrupt object fails every retry, then says so
+    if isinstance(exc, SupertableError):
+        return False
+    if isinstance(exc, (TimeoutError, ConnectionError)):
+        return True
+    if isinstance(exc, (PermissionError, FileNotFoundError, FileExistsError,
+                        IsADirectoryError, NotADirectoryError)):
+        return False
+    return isinstance(exc, OSError) and exc.errno not in _PERMANENT_ERRNOS
+
+
+def _with_context(exc: BaseException, context: str) -> Optional[BaseException]:
+    """A built-in ``OSError`` as the same type with ``context`` (table, step) in
+    front, to raise from the original; None for anything else (raised as is)."""
+    if type(exc) not in (OSError, PermissionError, FileNotFoundError, FileExistsError,
+                         IsADirectoryError, NotADirectoryError):
+        return None
+    return type(exc)(f"{context}: {exc}")
 
 
 def _canonical(doc: Dict[str, Any]) -> bytes:
@@ -162,8 +238,10 @@ class CommitRequest:
             ``replace_properties``.
         replace_properties: property names this commit may overwrite.
         schema: a new table schema; needs ``allow_schema_change``.
-        token: idempotency token; a commit whose token already landed
-            returns that version instead of committing again.
+        token: idempotency token; a commit whose token already landed with
+            the same fingerprint (``commit_fingerprint``) returns that version
+            instead of committing again; with another one it raises
+            TokenReuseError.
         metadata: user metadata kept in the commit info (e.g. a frontier).
         base_version: the version the writer read; tokens are also searched
             back to it (beyond the recent-token window) when given.
@@ -210,6 +288,9 @@ class Snapshot:
     commit: Dict[str, Any]
     recent_tokens: Tuple[str, ...]
     manifest: "Manifest" = dataclasses.field(repr=False, compare=False)
+    # True when a commit returned this version because its token had
+    # already landed here with the same fingerprint: it committed nothing.
+    deduplicated: bool = dataclasses.field(default=False, compare=False)
 
     def entries(self) -> List[dict]:
         """Every superfile entry of this version (reads the parts, cached)."""
@@ -465,42 +546,63 @@ class Manifest:
         """Commits ``req`` as the next version, rebasing and retrying on lost races.
 
         Returns:
-            The version that holds the commit: the new one, or the one that
-            already carries ``req.token``.
+            The version that holds the commit: the new one, or the one where
+            ``req.token`` already landed with the same fingerprint (then
+            ``deduplicated`` is True and nothing was committed).
 
         Raises:
-            CommitConflictError: the retry budget ran out (the message says how
-                many attempts were made) or the commit conflicts with a newer
-                version in a way a rebase cannot resolve.
+            CommitFailedError: the commit did not land within ``max_retries``
+                retries (lost races, timeouts, dropped connections); the
+                message says how many attempts were made and the last reason.
+                A subclass of CommitConflictError.
+            CommitConflictError: the commit conflicts with a newer version in
+                a way a rebase cannot resolve.
+            TokenReuseError: ``req.token`` already landed with a different
+                commit (see ``commit_fingerprint``).
             SchemaMismatchError: the commit changes the schema without leave.
+            OSError: a failure retrying cannot fix (``PermissionError``, a
+                missing table or object, a full disk...), at once, with the
+                table and the step in the message and the original chained.
         """
         self.store.check_writable()
+        fingerprint = commit_fingerprint(req) if req.token is not None else None
+        attempted: Dict[int, Dict[str, Any]] = {}   # version -> commit info this call sent
         attempt = 0
         own_part = None
         while True:
             doc = None
+            step = "writing the commit's manifest part"
             try:
                 if own_part is None and req.add_entries:
                     # Written once, outside the race: a lost race only rebuilds
                     # the small version document (and any merge it implies).
                     own_part = self._write_part(list(req.add_entries), level=0)
+                step = "loading the latest version"
                 if base is None:
                     base = self.load()
                 if req.token is not None:
+                    step = f"looking for token {req.token!r}"
                     landed = self._find_token(req.token, base, req.base_version)
                     if landed is not None:
-                        _LOG.info("%s: commit token %s already landed at version %d",
-                                  self.store.uri, req.token, landed.version)
-                        return landed
+                        return self._landed(req, fingerprint, landed, base, attempted)
+                step = f"rebasing on version {base.version}"
                 doc = self._rebase(base, req, own_part)
+                if req.token is not None:
+                    doc["commit"]["fingerprint"] = fingerprint
+                step = f"creating {version_path(doc['version'])}"
+                attempted[doc["version"]] = json.loads(_canonical(doc["commit"]))
                 self.store.put_if_absent(version_path(doc["version"]), seal(doc))
                 self._write_hint(doc["version"])
                 return self._snapshot(doc)
             except AlreadyExists as exc:
                 reason, cause = "lost the race", exc
-            except (NotATableError, VersionNotFoundError):
-                raise
-            except (OSError, TimeoutError, CorruptManifestError) as exc:
+            except Exception as exc:
+                if not _transient(exc):
+                    wrapped = _with_context(exc, f"{self.store.uri}: commit ({req.operation}) "
+                                                 f"failed while {step}")
+                    if wrapped is None:
+                        raise
+                    raise wrapped from exc
                 # A failed create may still have landed: with a token the next
                 # round's token check tells; without one, compare the object.
                 reason, cause = f"{type(exc).__name__}: {exc}", exc
@@ -509,7 +611,7 @@ class Manifest:
                         self._write_hint(doc["version"])
                         return self._snapshot(doc)
             if attempt >= max_retries:
-                raise CommitConflictError(
+                raise CommitFailedError(
                     f"{self.store.uri}: commit ({req.operation}) did not land after "
                     f"{attempt + 1} attempts; last: {reason}") from cause
             delay = backoff_seconds(attempt)
@@ -519,6 +621,31 @@ class Manifest:
             self._sleep(delay)
             attempt += 1
             base = self._reload(base)
+
+    def _landed(self, req: CommitRequest, fingerprint: Dict[str, Any], landed: Snapshot,
+                base: Snapshot, attempted: Dict[int, Dict[str, Any]]) -> Snapshot:
+        """The result of a commit whose token is already in ``landed``."""
+        if attempted.get(landed.version) == landed.commit:
+            # This call's own create landed though it reported a failure.
+            self._write_hint(landed.version)
+            return landed
+        recorded = landed.commit.get("fingerprint") if landed.commit.get("token") == req.token \
+            else None
+        if recorded is not None and recorded.get("sha256") != fingerprint["sha256"]:
+            raise TokenReuseError(
+                f"{self.store.uri}: token {req.token!r} already landed at version "
+                f"{landed.version} with a different commit ({recorded.get('rows')} rows in "
+                f"{recorded.get('superfiles')} superfiles, fingerprint "
+                f"{str(recorded.get('sha256'))[:12]}…); this commit on version {base.version} "
+                f"adds {fingerprint['rows']} rows in {fingerprint['superfiles']} superfiles "
+                f"(fingerprint {fingerprint['sha256'][:12]}…). A token names one commit: "
+                "use a fresh token (job_id) for new data",
+                token=req.token, landed_version=landed.version, base_version=base.version)
+        _LOG.warning("%s: commit token %s already landed at version %d%s; nothing committed",
+                     self.store.uri, req.token, landed.version,
+                     "" if recorded is not None else " (its fingerprint was not recorded, so "
+                     "it cannot be checked against this commit)")
+        return dataclasses.replace(landed, deduplicated=True)
 
     def _safe_try_version(self, version: int) -> Optional[Dict[str, Any]]:
         try:
@@ -535,7 +662,15 @@ class Manifest:
             while self.store.exists(version_path(version + 1)):
                 version += 1
             return base if version == base.version else self.load(version)
-        except (OSError, TimeoutError, CorruptManifestError) as exc:
+        except Exception as exc:
+            # A version that vanished between the probe and the read: load
+            # afresh rather than give up (a missing table still fails there).
+            if not _transient(exc) and not isinstance(exc, VersionNotFoundError):
+                wrapped = _with_context(exc, f"{self.store.uri}: reloading after version "
+                                             f"{base.version} failed")
+                if wrapped is None:
+                    raise
+                raise wrapped from exc
             _LOG.info("%s: reload failed (%s); loading afresh", self.store.uri, exc)
             return None
 
@@ -593,8 +728,8 @@ class Manifest:
         removed_versions = []
         for info in objects:
             path = info.path
-            if path in referenced:
-                continue
+            if path in referenced or path.startswith(ids.CLAIMS + "/"):
+                continue  # id claims are kept forever: their ids may be in use
             young = info.mtime is None or now - info.mtime < grace
             if young:
                 continue

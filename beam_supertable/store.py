@@ -31,6 +31,7 @@ __all__ = ["ObjectInfo", "ObjectStore"]
 
 _MEMORY_LOCK = threading.Lock()
 _ATOMIC_PROTOCOLS = {"file", "local", "memory", "s3", "s3a"}
+_LISTING_CACHE_PROTOCOLS = {"s3", "s3a"}
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,9 @@ class ObjectStore:
     Args:
         uri: a local path, ``file://``, ``memory://``, ``s3://`` or any fsspec URL.
         storage_options: passed to fsspec (for s3: ``key``, ``secret``,
-            ``client_kwargs={"endpoint_url": ...}`` and so on).
+            ``client_kwargs={"endpoint_url": ...}`` and so on). For s3 the
+            listings cache is always off (``use_listings_cache=False``): a
+            cached listing would hide objects other writers created.
         single_writer: allow writing to a backend without an atomic create;
             the caller guarantees no concurrent writer.
     """
@@ -83,7 +86,16 @@ class ObjectStore:
                  single_writer: bool = False) -> None:
         self.uri = uri
         self.storage_options = dict(storage_options or {})
-        self.fs, root = fsspec.core.url_to_fs(uri, **self.storage_options)
+        fs_options = dict(self.storage_options)
+        if fsspec.core.split_protocol(uri)[0] in _LISTING_CACHE_PROTOCOLS:
+            # s3fs answers info(), exists() and the size probe of cat_file()
+            # from any directory listing it cached earlier, and shares that
+            # cache between every handle on the same filesystem instance:
+            # after one list(), a version another process created since would
+            # stay invisible ("no such object"), and a writer that lost a race
+            # would never see the winner. Every call here asks the server.
+            fs_options["use_listings_cache"] = False
+        self.fs, root = fsspec.core.url_to_fs(uri, **fs_options)
         self.root = root.rstrip("/")
         self.protocol = _protocol(self.fs)
         self.single_writer = single_writer

@@ -12,7 +12,8 @@ import pyarrow.compute as pc
 
 from beam_supertable import deletes as dv
 from beam_supertable.errors import (
-    CommitConflictError, MemoryBudgetError, SchemaMismatchError, SupertableError)
+    CommitConflictError, CommitFailedError, MemoryBudgetError, SchemaMismatchError,
+    SupertableError)
 from beam_supertable.manifest import (
     DEFAULT_MAX_RETRIES, CommitRequest, Manifest, Snapshot, VacuumReport)
 from beam_supertable.cache import DEFAULT_CACHE_BYTES, ByteCache
@@ -229,8 +230,10 @@ class Supertable:
         them, and commits once. Appending nothing is a no-op.
 
         Args:
-            token: idempotency token; an append whose token already landed
-                returns that version and commits nothing.
+            token: idempotency token. An append whose token already landed
+                with the same rows (by content: see
+                ``manifest.commit_fingerprint``) returns that version and
+                commits nothing; with other rows it raises TokenReuseError.
             metadata: JSON data kept in the commit (e.g. a source frontier).
             memory_budget_bytes: refuse (MemoryBudgetError) an append whose
                 estimated peak memory exceeds this, before writing anything.
@@ -238,6 +241,8 @@ class Supertable:
         Raises:
             SchemaMismatchError: data that does not fit the schema; the message
                 names the column and row.
+            TokenReuseError: ``token`` already landed with other rows.
+            CommitFailedError: the commit did not land within ``max_retries``.
         """
         vp = self._vector_props()
         table = conform(self.uri, data, self.user_schema, vp["column"] if vp else None)
@@ -257,6 +262,8 @@ class Supertable:
                 token=token, metadata=dict(metadata or {}), base_version=self.version)
             try:
                 return self.commit(request, max_retries=max_retries)
+            except CommitFailedError:
+                raise  # out of retries: rebuilding would not help
             except CommitConflictError:
                 if not stamp or attempt:
                     raise

@@ -6,6 +6,17 @@ parallel, then one step commits their manifest entries as one OCC commit
 whose idempotency token comes from the job and the window/firing, so a
 retried bundle or a rerun of the same job never commits twice. Superfiles of
 failed attempts are orphans that ``Supertable.vacuum`` reclaims.
+
+Tokens and runs. Without a ``job_id`` the token starts with a run id drawn
+each time the pipeline is serialized to run (``Pipeline.run``): every run of
+one pipeline object, and every pipeline the transform is applied in, commits
+afresh, while every worker, retried bundle and runner restart of one run sees
+the same id (it travels inside the job's graph). A value computed inside the
+pipeline (a ``Create | Map(uuid4)`` side input) would not do: a runner that
+restarts a failed batch job from scratch, as Flink does, would compute a new
+one and commit the rows again. A token that already landed is honoured only
+for the same rows (``manifest.commit_fingerprint``); other rows under a
+landed token fail the pipeline with ``TokenReuseError``.
 """
 
 from __future__ import annotations
@@ -13,6 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
@@ -28,9 +40,11 @@ from apache_beam.transforms.display import DisplayDataItem
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_supertable.errors import (
-    CommitConflictError, SchemaMismatchError, SupertableError, TableExistsError)
-from beam_supertable.manifest import CommitRequest
+    CommitConflictError, CommitFailedError, SchemaMismatchError, SupertableError,
+    TableExistsError)
+from beam_supertable.manifest import CommitRequest, Manifest
 from beam_supertable.schema import ID, conform
+from beam_supertable.store import ObjectStore
 from beam_supertable.superfile import vectors_of
 from beam_supertable.filters import pruned
 from beam_supertable.table import Supertable
@@ -47,14 +61,36 @@ DEFAULT_GRID_SAMPLE_ROWS = 50_000
 DEFAULT_COMMIT_EVERY_S = 60
 DEFAULT_STREAMING_SHARDS = 2     # superfiles per firing when the input size is unknown
 FAIL_FIRST_ENV = "BEAM_SUPERTABLE_FAIL_FIRST"   # test hook: "<dir>:<stage>[,<stage>]"
+FLOOR_REFRESH_S = 30             # unbounded input: how stale a part's version floor may be
 
 
 class CommitResult(NamedTuple):
-    """One commit of ``WriteToSupertable``."""
+    """One commit of ``WriteToSupertable``.
+
+    ``deduplicated`` is True when the commit's token had already landed with
+    the same rows (a retried bundle, or a rerun of a job with a stable
+    ``job_id``): ``version`` is where they landed and nothing new was committed.
+    """
 
     version: int
     rows: int
     superfiles: int
+    deduplicated: bool = False
+
+
+class _RunScope:
+    """The id of one run, shared by ``WriteToSupertable`` and its DoFns.
+
+    ``WriteToSupertable.to_runner_api`` draws a new id each time the pipeline
+    is serialized to run, before the DoFns that hold this object are pickled
+    into the same job graph; workers unpickle it and never change it.
+    """
+
+    def __init__(self) -> None:
+        self.run = uuid.uuid4().hex
+
+    def renew(self) -> None:
+        self.run = uuid.uuid4().hex
 
 
 def _fail_first_attempt(stage: str, key: str) -> None:
@@ -114,6 +150,7 @@ class _ToBatches(beam.DoFn):
     def setup(self):
         table = Supertable.open(self._uri, storage_options=self._options)
         self._schema = table.user_schema
+        self._names = frozenset(self._schema.names)
         vp = table.properties.get("vector")
         self._vector = vp["column"] if vp else None
         self._invalid = Metrics.counter(NAMESPACE, "invalid_rows")
@@ -139,17 +176,26 @@ class _ToBatches(beam.DoFn):
                        self._schema, self._vector)
 
     def _conform_rows(self, rows):
+        # Table.from_pylist drops keys the schema lacks: a misspelled column
+        # would vanish silently, so they are looked for first, row by row.
+        clean = []
+        for row in rows:
+            if self._names.issuperset(row):
+                clean.append(row)
+            else:
+                extra = [k for k in row if k not in self._names]
+                yield from self._reject(row, f"column(s) {extra} are not in the table schema "
+                                             f"{self._schema.names}")
+        if not clean:
+            return
         try:
-            yield self._one(rows)
+            yield self._one(clean)
             return
         except (SchemaMismatchError, pa.ArrowException, TypeError, ValueError, KeyError):
             pass
         good = []
-        for row in rows:  # find the offenders one by one; keep the rest
+        for row in clean:  # find the offenders one by one; keep the rest
             try:
-                extra = [k for k in row if k not in self._schema.names]
-                if extra:
-                    raise SchemaMismatchError(f"column(s) {extra} are not in the table schema")
                 good.append(self._one([row]))
             except (SchemaMismatchError, pa.ArrowException, TypeError, ValueError, KeyError) as exc:
                 yield from self._reject(row, self._diagnose(row, exc))
@@ -239,7 +285,10 @@ class _Plan(beam.DoFn):
         table = Supertable.open(self._uri, storage_options=self._options)
         target = table.properties.get("target_superfile_bytes", TARGET_SUPERFILE_BYTES)
         plan = {"n_shards": self._n_shards or max(1, math.ceil(nbytes / target)),
-                "centroids": None, "stamp": None}
+                "centroids": None, "stamp": None,
+                # Read before anything of this run is built: the commit's
+                # token cannot have landed at or below it.
+                "base_version": table.version}
         if table.properties.get("vector"):
             plan["centroids"] = table.grid()
             plan["stamp"] = table.properties.get("grid")
@@ -355,38 +404,69 @@ class _BuildSuperfile(beam.DoFn):
 
 
 class _Commit(beam.DoFn):
-    """Commits one firing's entries once; the token makes retries no-ops."""
+    """Commits one firing's entries once; the token makes retries no-ops.
 
-    def __init__(self, uri, storage_options, job_id):
+    The token is ``<prefix>/<window end µs>/<pane index>``. The prefix is the
+    ``job_id`` when one is given (bounded input: a rerun of the job with the
+    same rows is deduplicated), else the run id; unbounded input always has
+    the run id in it (``<job_id>/<run>``), because a restarted streaming job
+    numbers its panes from 0 again.
+    """
+
+    def __init__(self, uri, storage_options, job_id, scope: _RunScope, run_scoped: bool):
         self._uri, self._options, self._job_id = uri, storage_options, job_id
+        self._scope, self._run_scoped = scope, run_scoped
 
     def setup(self):
         self._commits = Metrics.counter(NAMESPACE, "commits")
         self._rows = Metrics.counter(NAMESPACE, "rows_committed")
+        self._deduplicated = Metrics.counter(NAMESPACE, "deduplicated_commits")
 
-    def process(self, element, win=beam.DoFn.WindowParam, pane=beam.DoFn.PaneInfoParam):
-        entries = sorted(element[1], key=lambda e: e["id"])
+    def process(self, element, plan, win=beam.DoFn.WindowParam, pane=beam.DoFn.PaneInfoParam):
+        yield from self.commit(element[1], win, pane, plan.get("base_version"))
+
+    def token(self, win, pane) -> str:
+        prefix = [self._job_id] if self._job_id else []
+        if self._run_scoped or not self._job_id:
+            prefix.append(self._scope.run)
+        return "/".join(prefix + [str(win.max_timestamp().micros), str(pane.index)])
+
+    def commit(self, entries, win, pane, since: Optional[int]):
+        """Commits ``entries``; yields one CommitResult.
+
+        Args:
+            since: a version the table had before any of these entries was
+                built; the token is looked for in every version after it.
+        """
+        entries = sorted(entries, key=lambda e: e["id"])
         if not entries:
             return
-        token = f"{self._job_id}/{win.max_timestamp().micros}/{pane.index}"
+        token = self.token(win, pane)
         table = Supertable.open(self._uri, storage_options=self._options)
         for attempt in range(3):
             stamp, ready = self._agree_on_grid(table, entries)
             request = CommitRequest(operation="write", add_entries=tuple(ready),
                                     set_properties={"grid": stamp} if stamp else {},
-                                    token=token, metadata={"job": self._job_id})
+                                    token=token, base_version=since,
+                                    metadata={"job": self._job_id or self._scope.run})
             try:
                 version = table.commit(request)
                 break
+            except CommitFailedError:
+                raise  # out of retries: rebuilding would not help
             except CommitConflictError:
                 if not stamp or attempt == 2:
                     raise
                 table.refresh()  # another writer stamped its grid first: re-cell against it
-        self._commits.inc()
         rows = sum(e["rows"] for e in entries)
-        self._rows.inc(rows)
+        deduplicated = table.snapshot.deduplicated
+        if deduplicated:
+            self._deduplicated.inc()
+        else:
+            self._commits.inc()
+            self._rows.inc(rows)
         _fail_first_attempt("commit", token)
-        yield CommitResult(version, rows, len(entries))
+        yield CommitResult(version, rows, len(entries), deduplicated)
 
     @staticmethod
     def _agree_on_grid(table: Supertable, entries: List[dict]):
@@ -410,12 +490,38 @@ class _Commit(beam.DoFn):
         return stamp, ready
 
 
+class _TagFloor(beam.DoFn):
+    """Unbounded input: ``(shard, part)`` -> ``(None, (shard, part, floor))``.
+
+    ``floor`` is a version the table had before the part was tagged (at most
+    ``FLOOR_REFRESH_S`` old), so the firing's commit can look for its token
+    in every version since its oldest part, however many other writers
+    committed meanwhile, and in no older ones.
+    """
+
+    def __init__(self, uri, storage_options):
+        self._uri, self._options = uri, storage_options
+
+    def setup(self):
+        self._manifest = Manifest(ObjectStore(self._uri, self._options))
+        self._floor, self._read_at = None, 0.0
+
+    def start_bundle(self):
+        now = time.monotonic()
+        if self._floor is None or now - self._read_at > FLOOR_REFRESH_S:
+            self._floor, self._read_at = self._manifest.latest_version(), now
+
+    def process(self, element):
+        shard, part = element
+        yield None, (shard, part, self._floor)
+
+
 class _BuildAndCommit(beam.DoFn):
     """Unbounded input: one firing's shard parts -> superfiles -> one commit."""
 
-    def __init__(self, uri, storage_options, job_id):
+    def __init__(self, uri, storage_options, job_id, scope):
         self._builder = _BuildSuperfile(uri, storage_options)
-        self._committer = _Commit(uri, storage_options, job_id)
+        self._committer = _Commit(uri, storage_options, job_id, scope, run_scoped=True)
 
     def setup(self):
         self._builder.setup()
@@ -426,12 +532,14 @@ class _BuildAndCommit(beam.DoFn):
 
     def process(self, element, win=beam.DoFn.WindowParam, pane=beam.DoFn.PaneInfoParam):
         by_shard: Dict[int, list] = {}
-        for shard, part in element[1]:
+        floors = []
+        for shard, part, floor in element[1]:
             by_shard.setdefault(shard, []).append(part)
+            floors.append(floor)
         futures = [self._builder.submit(shard, parts, None)
                    for shard, parts in sorted(by_shard.items())]
         entries = [f.result() for f in futures]
-        yield from self._committer.process((None, entries), win, pane)
+        yield from self._committer.commit(entries, win, pane, min(floors, default=None))
 
 
 def _rebuild(table: Supertable, entry: dict, centroids: np.ndarray, grid_id: str) -> dict:
@@ -452,7 +560,7 @@ class WriteToSupertable(beam.PTransform):
 
         commits = rows | WriteToSupertable("s3://bucket/docs", schema=schema,
                                            vector_column="emb", fts_columns=["body"])
-        # commits: CommitResult(version, rows, superfiles), one per commit
+        # commits: CommitResult(version, rows, superfiles, deduplicated), one per commit
         result = rows | WriteToSupertable(...).with_invalid_output()
         # result.commits, and result.invalid: (row, reason) for rows that do not fit
 
@@ -465,14 +573,27 @@ class WriteToSupertable(beam.PTransform):
         on_invalid: ``"dead_letter"`` (the ``invalid`` output) or ``"fail"``.
         commit_every: unbounded input commits once per this many seconds of
             processing time (a repeated processing-time trigger).
-        job_id: names the write in commit tokens. Pass a stable id (say, the
-            batch being loaded) to make a rerun of the same job exactly-once;
-            by default each pipeline construction gets a fresh one.
+        job_id: names the write in commit tokens. Bounded input: pass a
+            stable id (say, the batch being loaded) to make a rerun of the
+            same job exactly-once: a rerun with the same rows finds its commit
+            and commits nothing (``CommitResult.deduplicated``); a rerun with
+            other rows fails with ``TokenReuseError`` naming the token, as
+            reusing one id for two loads is a bug that would otherwise lose
+            data. By default every run gets a fresh id (each ``Pipeline.run``
+            and each pipeline the transform is applied in). Unbounded input:
+            tokens always include the run id, so a restarted streaming job
+            commits its panes afresh (its pane indices start at 0 again); the
+            ``job_id`` only labels the commits.
 
     Note:
         Bounded input lands as one commit. Each commit is visible to readers
         as soon as it lands; superfiles of attempts that fail are orphans for
-        ``vacuum``.
+        ``vacuum``. A commit whose token already landed with the same rows is
+        logged at WARNING and counted in ``beam_supertable/deduplicated_commits``;
+        ``beam_supertable/commits`` and ``rows_committed`` count new commits.
+        A run's id is drawn when the pipeline is serialized to run, so one
+        job graph serialized once and launched many times (a classic
+        Dataflow template) shares it: give such a job a ``job_id`` per launch.
     """
 
     def __init__(self, uri: str, schema: Optional[pa.Schema] = None,
@@ -497,7 +618,10 @@ class WriteToSupertable(beam.PTransform):
         self._n_shards = n_shards
         self._on_invalid = on_invalid
         self._commit_every = commit_every
-        self._job_id = job_id or uuid.uuid4().hex
+        if job_id is not None and (not isinstance(job_id, str) or not job_id):
+            raise ValueError(f"WriteToSupertable: job_id must be a non-empty str, got {job_id!r}")
+        self._job_id = job_id
+        self._scope = _RunScope()
         self._batch_rows = batch_rows
         self._sample_rows = grid_sample_rows
         self._with_invalid = False
@@ -538,7 +662,8 @@ class WriteToSupertable(beam.PTransform):
             commits = (built
                        | "OneKey" >> beam.Map(lambda e: (None, e))
                        | "Gather" >> beam.GroupByKey()
-                       | "Commit" >> beam.ParDo(_Commit(self._uri, self._options, self._job_id)))
+                       | "Commit" >> beam.ParDo(_Commit(self._uri, self._options, self._job_id,
+                                                        self._scope, run_scoped=False), plan))
         else:
             # One GroupByKey per firing: a second one downstream of a
             # processing-time trigger (its continuation trigger) never lets
@@ -546,13 +671,19 @@ class WriteToSupertable(beam.PTransform):
             # are built in parallel threads by the one worker that commits them.
             commits = (batches.batches
                        | "KeyByShard" >> beam.ParDo(keyer)
-                       | "OneKey" >> beam.Map(lambda e: (None, e))
+                       | "OneKey" >> beam.ParDo(_TagFloor(self._uri, self._options))
                        | "GatherFiring" >> beam.GroupByKey()
                        | "BuildAndCommit" >> beam.ParDo(_BuildAndCommit(
-                           self._uri, self._options, self._job_id)))
+                           self._uri, self._options, self._job_id, self._scope)))
         if not self._with_invalid:
             return commits
         return WriteResult(commits, batches[INVALID_TAG])
+
+    def to_runner_api(self, context, **kwargs):
+        # Serializing the pipeline to run it: a fresh run id, written into
+        # the DoFns pickled right after this (they share the scope object).
+        self._scope.renew()
+        return super().to_runner_api(context, **kwargs)
 
     def with_invalid_output(self) -> "WriteToSupertable":
         """Makes the transform return ``WriteResult(commits, invalid)``.
@@ -568,7 +699,7 @@ class WriteToSupertable(beam.PTransform):
             "uri": DisplayDataItem(self._uri, label="Table"),
             "n_shards": DisplayDataItem(self._n_shards or 0, label="Shards (0 = by size)"),
             "on_invalid": DisplayDataItem(self._on_invalid, label="Invalid rows"),
-            "job_id": DisplayDataItem(self._job_id, label="Job id"),
+            "job_id": DisplayDataItem(self._job_id or "(one per run)", label="Job id"),
         }
 
 

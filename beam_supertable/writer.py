@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from beam_supertable import superfile
+from beam_supertable.digest import row_digest
 from beam_supertable.filters import column_stats, null_counts
 from beam_supertable.ids import new_ids
 from beam_supertable.schema import ID
@@ -62,7 +63,7 @@ def build_and_upload(store: ObjectStore, table: pa.Table, layout: Layout,
                      grid_id: Optional[str], ids: Optional[np.ndarray] = None) -> dict:
     """One superfile from ``table`` (user columns; ``_id`` added unless given)."""
     if ids is None:
-        ids = new_ids(table.num_rows)
+        ids = new_ids(store, table.num_rows)
     full = table.add_column(0, pa.field(ID, pa.int64(), nullable=False), pa.array(ids))
     data, summary = superfile.build(
         full, vector=layout.vector, cells=cells, replica_cells=replicas,
@@ -76,6 +77,7 @@ def build_and_upload(store: ObjectStore, table: pa.Table, layout: Layout,
         "id_max": int(ids.max()) if len(ids) else None,
         "stats": column_stats(table),
         "null_counts": null_counts(table),
+        "digest": row_digest(table),   # what the rows are, for commit fingerprints
         **summary,
     }
     if grid_id is not None:

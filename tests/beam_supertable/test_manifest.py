@@ -8,9 +8,11 @@ import pyarrow as pa
 import pytest
 
 from beam_supertable import (
-    CommitConflictError, CommitRequest, CorruptManifestError, Manifest, NotATableError,
-    ObjectStore, SchemaMismatchError, Supertable, TableExistsError, VersionNotFoundError)
+    AlreadyExists, CommitConflictError, CommitFailedError, CommitRequest, CorruptManifestError,
+    Manifest, NotATableError, ObjectStore, SchemaMismatchError, Supertable, SupertableError,
+    TableExistsError, TokenReuseError, VersionNotFoundError)
 from beam_supertable.manifest import HINT, PART_FANOUT, version_path
+from tests.conftest import s3_options
 
 SCHEMA = pa.schema([("x", pa.int64()), ("s", pa.string())])
 
@@ -190,3 +192,163 @@ def test_vacuum_older_than_none_is_the_default_grace_on_every_entry_point(tmp_pa
     assert "data/orphan.sf.parquet" in t.vacuum(older_than=0, dry_run=True).removed_objects
     with pytest.raises(ValueError, match="older_than"):
         t.vacuum(older_than=-1)
+
+
+@pytest.mark.s3
+def test_a_listing_cached_by_one_handle_never_hides_a_newer_version(s3_server, s3_bucket):
+    uri, options = f"s3://{s3_bucket}/table", s3_options(s3_server)
+    Manifest(ObjectStore(uri, options)).create(SCHEMA)
+    lister, writer = Manifest(ObjectStore(uri, options)), Manifest(ObjectStore(uri, options))
+    assert lister.store.fs is writer.store.fs  # fsspec hands both handles one s3fs instance
+    base = writer.load()
+    lister.history()  # lists versions/: s3fs caches that listing in the shared instance
+    # Another process: its own S3 client and cache, so its writes invalidate nothing here.
+    elsewhere = Manifest(ObjectStore(uri, {**options, "skip_instance_cache": True}))
+    assert elsewhere.store.fs is not writer.store.fs
+    elsewhere.commit(CommitRequest(add_entries=(_entry(1),)))
+    assert lister.latest_version() == writer.latest_version() == 1
+    # Racing from the stale base, the writer loses the create of version 1 and
+    # must see the winner to rebase; a cached listing would hide it forever.
+    writer._sleep = lambda s: None
+    landed = writer.commit(CommitRequest(add_entries=(_entry(2),)), base=base, max_retries=3)
+    assert landed.version == 2
+    assert sorted(e["id"] for e in landed.entries()) == ["sf1", "sf2"]
+
+
+def test_a_landed_token_is_honoured_only_for_the_same_rows(table, table_location, caplog):
+    uri, options = table_location
+    rows = pa.table({"x": list(range(10)), "s": [f"r{i}" for i in range(10)]})
+    assert table.append(rows, token="load-1") == 1
+    # A rerun rebuilds the same rows under new names and ids, split and
+    # ordered differently: the same commit, so nothing new lands.
+    rerun = Supertable.open(uri, storage_options=options)
+    shuffled = rows.take(pa.array([9, 3, 1, 0, 2, 8, 7, 4, 6, 5]))
+    with caplog.at_level("WARNING", logger="beam_supertable.manifest"):
+        assert rerun.append(shuffled, token="load-1", n_shards=3) == 1
+    assert "already landed at version 1" in caplog.text
+    # The same token over other rows (one value differs) is refused, loudly.
+    other = rows.set_column(1, "s", pa.array([f"r{i}" for i in range(9)] + ["changed"]))
+    table.append(pa.table({"x": [99], "s": ["z"]}))  # the table moves on to version 2
+    with pytest.raises(TokenReuseError) as err:
+        Supertable.open(uri, storage_options=options).append(other, token="load-1")
+    message = str(err.value)
+    assert "'load-1'" in message and "version 1" in message and "version 2" in message
+    assert (err.value.token, err.value.landed_version, err.value.base_version) == ("load-1", 1, 2)
+    assert isinstance(err.value, SupertableError)
+    latest = Supertable.open(uri, storage_options=options)
+    assert latest.version == 2 and latest.count_rows() == 11
+    assert rerun.snapshot.deduplicated and not latest.snapshot.deduplicated
+
+
+def test_fingerprints_of_entries_without_row_digests_use_their_content(table, table_location):
+    uri, options = table_location
+    m = Manifest(ObjectStore(uri, options))
+    stats = {"rows": 2, "stats": {"x": [1, 2]}}
+    first = m.commit(CommitRequest(add_entries=({"id": "a", "path": "data/a", **stats},),
+                                   token="t"))
+    again = m.commit(CommitRequest(add_entries=({"id": "b", "path": "data/b", **stats},),
+                                   token="t"))
+    assert again.version == first.version == 1 and again.deduplicated and not first.deduplicated
+    with pytest.raises(TokenReuseError, match="'t' already landed at version 1"):
+        m.commit(CommitRequest(add_entries=({"id": "c", "path": "data/c", "rows": 2,
+                                             "stats": {"x": [1, 3]}},), token="t"))
+    assert m.load().version == 1
+
+
+class _Injected(ObjectStore):
+    """A real store whose creates of version documents fail as ``fail(path)`` says."""
+
+    def __init__(self, uri, options, fail):
+        super().__init__(uri, options)
+        self.fail, self.calls = fail, 0
+
+    def put_if_absent(self, path, data):
+        if path.startswith("_supertable/versions/"):
+            self.calls += 1
+            self.fail(self, path, data)
+        else:
+            super().put_if_absent(path, data)
+
+
+def _manifest_with(uri, options, fail):
+    m = Manifest(_Injected(uri, options, fail))
+    sleeps = []
+    m._sleep = sleeps.append
+    return m, sleeps
+
+
+def test_errors_retrying_cannot_fix_surface_at_once(table, table_location):
+    uri, options = table_location
+
+    def denied(store, path, data):
+        raise PermissionError(f"access denied: {path}")
+
+    m, sleeps = _manifest_with(uri, options, denied)
+    with pytest.raises(PermissionError, match="versions/0+1.json") as err:
+        m.commit(CommitRequest(add_entries=(_entry(1),)))
+    assert sleeps == [] and m.store.calls == 1  # no retry
+    assert uri in str(err.value) and "creating" in str(err.value)
+    assert not isinstance(err.value, CommitConflictError)
+
+
+def test_a_commit_that_never_lands_raises_commit_failed(table, table_location):
+    uri, options = table_location
+
+    def times_out(store, path, data):
+        raise TimeoutError(f"injected: create of {path} timed out")
+
+    m, sleeps = _manifest_with(uri, options, times_out)
+    with pytest.raises(CommitFailedError, match="did not land after 3 attempts") as err:
+        m.commit(CommitRequest(add_entries=(_entry(1),), token="t"), max_retries=2)
+    assert isinstance(err.value, CommitConflictError)  # callers catching that keep working
+    assert isinstance(err.value.__cause__, TimeoutError) and len(sleeps) == 2
+
+    def loses(store, path, data):
+        raise AlreadyExists(f"injected: {path} already exists")
+
+    m, sleeps = _manifest_with(uri, options, loses)
+    with pytest.raises(CommitFailedError, match="lost the race"):
+        m.commit(CommitRequest(add_entries=(_entry(1),)), max_retries=1)
+    assert Supertable.open(uri, storage_options=options).version == 0
+
+
+def test_a_real_conflict_is_not_a_commit_failure(table, table_location):
+    uri, options = table_location
+    m = Manifest(ObjectStore(uri, options))
+    m.commit(CommitRequest(set_properties={"grid": {"path": "g1"}}))
+    with pytest.raises(CommitConflictError) as err:
+        m.commit(CommitRequest(set_properties={"grid": {"path": "g2"}}))
+    assert not isinstance(err.value, CommitFailedError)
+
+
+def test_a_create_that_landed_but_failed_is_this_commit_not_a_duplicate(table, table_location):
+    uri, options = table_location
+
+    def lands_then_times_out(store, path, data):
+        ObjectStore.put_if_absent(store, path, data)
+        if store.calls == 1:
+            raise TimeoutError(f"injected: the reply to the create of {path} was lost")
+
+    m, sleeps = _manifest_with(uri, options, lands_then_times_out)
+    landed = m.commit(CommitRequest(add_entries=(_entry(1),), token="t"))
+    assert landed.version == 1 and not landed.deduplicated and len(sleeps) == 1
+    again = m.commit(CommitRequest(add_entries=(_entry(1),), token="t"))
+    assert again.version == 1 and again.deduplicated
+
+
+@pytest.mark.s3
+def test_a_table_whose_bucket_is_gone_fails_at_once(s3_server, s3_bucket):
+    import boto3
+
+    uri, options = f"s3://{s3_bucket}/table", s3_options(s3_server)
+    m = Manifest(ObjectStore(uri, options))
+    base = m.create(SCHEMA)
+    s3 = boto3.resource("s3", endpoint_url=s3_server, aws_access_key_id="testing",
+                        aws_secret_access_key="testing", region_name="us-east-1")
+    s3.Bucket(s3_bucket).objects.all().delete()
+    s3.Bucket(s3_bucket).delete()
+    sleeps = []
+    m._sleep = sleeps.append
+    with pytest.raises(FileNotFoundError) as err:
+        m.commit(CommitRequest(add_entries=(_entry(1),)), base=base)
+    assert sleeps == [] and uri in str(err.value)

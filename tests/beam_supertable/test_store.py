@@ -108,3 +108,19 @@ def test_store_pickles_as_settings_only(table_location):
     clone = pickle.loads(pickle.dumps(store))
     store.put("p.bin", b"1")
     assert clone.get("p.bin") == b"1"
+
+
+@pytest.mark.s3
+def test_s3_objects_created_elsewhere_are_seen_after_a_listing(s3_server, s3_bucket):
+    from tests.conftest import s3_options
+
+    uri, options = f"s3://{s3_bucket}/t", s3_options(s3_server)
+    here = ObjectStore(uri, options)
+    here.put("v/0", b"zero")
+    assert [o.path for o in here.list("v")] == ["v/0"]  # s3fs would cache this listing
+    # Another process's client: creating v/1 there invalidates nothing here.
+    ObjectStore(uri, {**options, "skip_instance_cache": True}).put_if_absent("v/1", b"one")
+    assert ObjectStore(uri, options).exists("v/1")   # a second handle on the same instance
+    assert here.exists("v/1") and here.head("v/1").size == 3
+    assert here.get("v/1") == b"one"
+    assert [o.path for o in here.list("v")] == ["v/0", "v/1"]

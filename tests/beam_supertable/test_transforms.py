@@ -16,7 +16,10 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.test_stream import TestStream
 from apache_beam.testing.util import BeamAssertException, assert_that, equal_to
 
-from beam_supertable import ReadFromSupertable, SchemaMismatchError, Supertable, WriteToSupertable
+from apache_beam.metrics.metric import MetricsFilter
+
+from beam_supertable import (
+    ReadFromSupertable, SchemaMismatchError, Supertable, TokenReuseError, WriteToSupertable)
 from beam_supertable.transforms import FAIL_FIRST_ENV
 
 D = 16
@@ -189,3 +192,97 @@ def test_bad_input(tmp_path):
     assert Supertable.open(uri).count_rows() == 100
     with pytest.raises(Exception, match="invalid row"):
         _write(uri, bad[:1], on_invalid="fail")
+
+
+PLAIN = pa.schema([("n", pa.int64()), ("body", pa.string())])
+
+
+def _plain_rows(n, start=0, tag="b"):
+    return [{"n": i, "body": f"{tag}{i}"} for i in range(start, start + n)]
+
+
+def _load(uri, rows, expected, **kw):
+    """Runs one bounded write; asserts its (version, rows, deduplicated); returns the counters."""
+    p = TestPipeline()
+    commits = p | beam.Create(rows, reshuffle=False) | WriteToSupertable(uri, schema=PLAIN, **kw)
+    if expected is not None:
+        assert_that(commits | beam.Map(lambda c: (c.version, c.rows, c.deduplicated)),
+                    equal_to(expected))
+    result = p.run()
+    result.wait_until_finish()
+    return {m.key.metric.name: m.committed for m in result.metrics().query(
+        MetricsFilter().with_namespace("beam_supertable"))["counters"]}
+
+
+def test_a_rerun_with_the_same_rows_is_deduplicated(tmp_path, caplog):
+    uri = str(tmp_path / "t")
+    rows = _plain_rows(500)
+    first = _load(uri, rows, [(1, 500, False)], job_id="load-7")
+    assert first["commits"] == 1 and first["rows_committed"] == 500
+    # The rerun splits and orders the rows differently: still the same commit.
+    with caplog.at_level("WARNING", logger="beam_supertable.manifest"):
+        again = _load(uri, rows[::-1], [(1, 500, True)], job_id="load-7", n_shards=2)
+    assert again["deduplicated_commits"] == 1 and again.get("commits", 0) == 0
+    assert "token load-7/" in caplog.text and "already landed at version 1" in caplog.text
+    t = Supertable.open(uri)
+    assert t.version == 1 and t.count_rows() == 500
+
+
+def test_a_rerun_with_other_rows_fails_with_token_reuse(tmp_path):
+    uri = str(tmp_path / "t")
+    _load(uri, _plain_rows(500), None, job_id="load-7")
+    with pytest.raises(TokenReuseError, match=r"token 'load-7/\S+' already landed at version 1"):
+        _load(uri, _plain_rows(500, tag="other"), None, job_id="load-7")
+    t = Supertable.open(uri)
+    assert t.version == 1 and sorted(t.to_arrow()["body"].to_pylist())[:1] == ["b0"]
+
+
+def test_without_a_job_id_every_run_commits(tmp_path):
+    uri = str(tmp_path / "t")
+    write = WriteToSupertable(uri, schema=PLAIN)
+    p = beam.Pipeline()
+    _ = p | beam.Create(_plain_rows(100), reshuffle=False) | write
+    p.run().wait_until_finish()
+    p.run().wait_until_finish()  # one graph, run twice (the way a template runs)
+    other = beam.Pipeline()      # the same transform object in another pipeline
+    _ = other | beam.Create(_plain_rows(100), reshuffle=False) | write
+    other.run().wait_until_finish()
+    t = Supertable.open(uri)
+    writes = [h for h in t.history() if h["operation"] == "write"]
+    assert [h["version"] for h in writes] == [1, 2, 3]
+    assert len({h["token"] for h in writes}) == 3 and t.count_rows() == 300
+
+
+def test_a_misspelled_key_goes_to_invalid_naming_it(tmp_path):
+    uri = str(tmp_path / "t")
+    Supertable.create(uri, PLAIN)
+    rows = _plain_rows(50) + [{"n": 50, "bdy": "typo"}]
+    batch = pa.record_batch({"n": [60, 61], "body": ["x", "y"], "extra": [1, 2]})
+    p = TestPipeline()
+    result = p | beam.Create(rows + [batch], reshuffle=False) | WriteToSupertable(
+        uri).with_invalid_output()
+    assert_that(result.invalid | beam.Map(lambda r: (r[0]["n"], r[1].split("]")[0])),
+                equal_to([(50, "column(s) ['bdy'"), (60, "column(s) ['extra'"),
+                          (61, "column(s) ['extra'")]))
+    p.run().wait_until_finish()
+    assert Supertable.open(uri).count_rows() == 50
+    with pytest.raises(SchemaMismatchError, match="'bdy'"):
+        p = TestPipeline()
+        _ = p | beam.Create(rows, reshuffle=False) | WriteToSupertable(uri, on_invalid="fail")
+        p.run().wait_until_finish()
+    assert Supertable.open(uri).count_rows() == 50
+
+
+def test_a_restarted_streaming_job_with_the_same_job_id_commits_its_panes(tmp_path):
+    uri = str(tmp_path / "t")
+    Supertable.create(uri, PLAIN)
+    for run in range(2):  # pane indices start at 0 again in the second run
+        stream = (TestStream().add_elements(_plain_rows(40, start=run * 40))
+                  .advance_processing_time(30).advance_watermark_to_infinity())
+        p = TestPipeline(options=PipelineOptions(streaming=True))
+        commits = p | stream | WriteToSupertable(uri, commit_every=10, job_id="stream")
+        assert_that(commits | beam.Map(lambda c: c.rows), equal_to([40]))
+        p.run().wait_until_finish()
+    t = Supertable.open(uri)
+    assert sorted(t.to_arrow()["n"].to_pylist()) == list(range(80))
+    assert [h["metadata"]["job"] for h in t.history()[1:]] == ["stream", "stream"]

@@ -1,6 +1,7 @@
 """A real writer process for the concurrency and crash tests.
 
     python -m tests.beam_supertable.writer_proc append URI OPTIONS_JSON WRITER N
+    python -m tests.beam_supertable.writer_proc append-constant-random URI OPTIONS_JSON WRITER N
     python -m tests.beam_supertable.writer_proc upload-then-hang URI OPTIONS_JSON
 """
 
@@ -19,6 +20,11 @@ def main(argv):
         logging.basicConfig(level=logging.INFO)
     mode, uri, options = argv[0], argv[1], json.loads(argv[2]) or None
     table = Supertable.open(uri, storage_options=options)
+    if mode == "append-constant-random":
+        # Every process draws the same "random" numbers (the id test's worst case).
+        import secrets
+        secrets.randbits = lambda bits: 12345
+        mode = "append"
     if mode == "append":
         writer, n = argv[3], int(argv[4])
         for seq in range(n):
