@@ -2,7 +2,7 @@
 
 from beam_supertable.errors import (
     AlreadyExists, CommitConflictError, CorruptManifestError, MemoryBudgetError, NotATableError,
-    SchemaMismatchError, SupertableError, TableExistsError, UnsafeBackendError,
+    SchemaMismatchError, StoreIOError, SupertableError, TableExistsError, UnsafeBackendError,
     VersionNotFoundError)
 from beam_supertable.manifest import CommitRequest, Manifest, Snapshot, VacuumReport
 from beam_supertable.store import ObjectInfo, ObjectStore
@@ -12,7 +12,7 @@ __all__ = [
     "CommitResult", "ReadFromSupertable", "WriteResult", "WriteToSupertable",
     "AlreadyExists", "CommitConflictError", "CommitRequest", "CorruptManifestError",
     "Manifest", "MemoryBudgetError", "NotATableError", "ObjectInfo", "ObjectStore", "SchemaMismatchError",
-    "Snapshot", "Supertable", "SupertableError", "TableExistsError", "UnsafeBackendError",
+    "Snapshot", "StoreIOError", "Supertable", "SupertableError", "TableExistsError", "UnsafeBackendError",
     "VacuumReport", "VersionNotFoundError",
 ]
 
