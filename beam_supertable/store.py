@@ -222,7 +222,12 @@ class ObjectStore:
 
     # -- reads -----------------------------------------------------------
     def get(self, path: str) -> bytes:
-        """The whole object. Raises FileNotFoundError naming the path."""
+        """The whole object.
+
+        Raises:
+            FileNotFoundError: no such object (the message names it).
+            StoreIOError: every attempt failed in transit.
+        """
         full = self.full(path)
         return self._request("read", path, lambda: self.fs.cat_file(full))
 
@@ -294,6 +299,12 @@ class ObjectStore:
     def put_if_absent(self, path: str, data: bytes) -> None:
         """Creates the object atomically, or raises :class:`AlreadyExists`.
 
+        Note:
+            On S3 a create that finds the object holding exactly ``data``
+            succeeds: its own earlier attempt may have landed unanswered, and
+            nothing tells that apart from an identical object. (Every object
+            this package creates has a fresh name or a unique document.)
+
         Raises:
             AlreadyExists: the object is there with other bytes than ``data``.
             StoreIOError: the create failed in transit and whether it landed
@@ -328,7 +339,11 @@ class ObjectStore:
                 self.fs.pipe_file(full, data, mode="create")
                 return
             except FileExistsError as exc:
-                if self._holds(path, full, data, after=exc):
+                try:
+                    ours = self._holds(path, full, data, after=exc)
+                except FileNotFoundError:
+                    ours = False  # there a moment ago, someone else's, deleted since
+                if ours:
                     _LOG.info("%s: create of %r answered 'exists', and the object holds "
                               "our bytes: an earlier attempt landed", self.uri, path)
                     return

@@ -196,7 +196,8 @@ class _Settings:
                 elif name == "kinds":
                     bad = [k for k in value if k not in KINDS]
                     if bad or not value:
-                        raise ValueError(f"kinds must be a non-empty subset of {KINDS}, got {value!r}")
+                        raise ValueError(
+                            f"kinds must be a non-empty subset of {KINDS}, got {value!r}")
                     self.kinds = list(value)
                 elif name == "stall_s":
                     self.stall_s = float(value)
@@ -252,7 +253,8 @@ class _Settings:
 class _Connection:
     """One client connection: requests in, a fault or the server's answer out."""
 
-    def __init__(self, client: socket.socket, upstream: Tuple[str, int], settings: _Settings) -> None:
+    def __init__(self, client: socket.socket, upstream: Tuple[str, int],
+                 settings: _Settings) -> None:
         self.client, self.upstream, self.settings = client, upstream, settings
         self.reader = _Reader(client)
 
@@ -290,7 +292,8 @@ class _Connection:
             self.settings.record(n, kind, method, target)
             _reset(self.client)
             return False
-        upstream_headers = [(k, v) for k, v in headers if k.lower() not in ("connection", "keep-alive")]
+        upstream_headers = [(k, v) for k, v in headers
+                            if k.lower() not in ("connection", "keep-alive")]
         upstream_headers.append(("Connection", "close"))
         response = self._forward(_build_head(first, upstream_headers) + body)
         with self.settings.lock:
@@ -322,7 +325,8 @@ class _Connection:
             # Hold the answer (a client that gives up closes its end: stop then).
             deadline = time.monotonic() + self.settings.stall_s
             while time.monotonic() < deadline:
-                ready, _, _ = select.select([self.client], [], [], max(0.0, deadline - time.monotonic()))
+                left = max(0.0, deadline - time.monotonic())
+                ready, _, _ = select.select([self.client], [], [], left)
                 if ready and not self.client.recv(65536, socket.MSG_PEEK):
                     break
                 if ready:
