@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import select
@@ -391,7 +392,15 @@ class _Connection:
         return True
 
 
+def _exit_with_parent(parent: int) -> None:
+    """Ends this process once the one that started it is gone (no orphan proxies)."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(0)
+
+
 def serve(upstream: Tuple[str, int], port: int, settings: _Settings) -> None:
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", port))
