@@ -3,8 +3,8 @@
 from beam_supertable._version import __version__
 from beam_supertable.errors import (
     AlreadyExists, CommitConflictError, CommitFailedError, CorruptManifestError,
-    MemoryBudgetError, NotATableError, SchemaMismatchError, SupertableError, TableExistsError,
-    TokenReuseError, UnsafeBackendError, VersionNotFoundError)
+    MemoryBudgetError, NotATableError, SchemaMismatchError, StoreIOError, SupertableError,
+    TableExistsError, TokenReuseError, UnsafeBackendError, VersionNotFoundError)
 from beam_supertable.manifest import CommitRequest, Manifest, Snapshot, VacuumReport
 from beam_supertable.store import ObjectInfo, ObjectStore
 from beam_supertable.table import Supertable
@@ -15,8 +15,8 @@ __all__ = [
     "AlreadyExists", "CommitConflictError", "CommitFailedError", "CommitRequest",
     "CorruptManifestError",
     "Manifest", "MemoryBudgetError", "NotATableError", "ObjectInfo", "ObjectStore", "SchemaMismatchError",
-    "Snapshot", "Supertable", "SupertableError", "TableExistsError", "TokenReuseError",
-    "UnsafeBackendError",
+    "Snapshot", "StoreIOError", "Supertable", "SupertableError", "TableExistsError",
+    "TokenReuseError", "UnsafeBackendError",
     "VacuumReport", "VersionNotFoundError",
 ]
 

@@ -69,3 +69,7 @@ class SchemaMismatchError(SupertableError, ValueError):
 
 class MemoryBudgetError(SupertableError, MemoryError):
     """An operation would exceed its memory budget; nothing was written."""
+
+
+class StoreIOError(SupertableError, ConnectionError):
+    """An object-store request failed in transit after its retries; a write may have landed."""

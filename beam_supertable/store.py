@@ -11,27 +11,105 @@ at all, or raises :class:`AlreadyExists`:
 
 Other backends have no atomic create known to this module; they are refused
 for writing unless the caller promises a single writer (``single_writer``).
+
+Requests that fail in transit (refused or reset connections, timeouts, bodies
+cut short) are retried here, on top of whatever the client library retries:
+``REQUEST_ATTEMPTS`` attempts with jittered backoff, then
+:class:`StoreIOError` (a ``ConnectionError``) naming the object. Every
+operation is idempotent except the atomic create, whose answer can be lost
+after it landed: a retried create then meets its own object. So a create
+that finds the object there, or that failed in transit, compares the
+object's bytes with its own and succeeds when they are the same; it raises
+:class:`AlreadyExists` only for an object with other bytes, and
+:class:`StoreIOError` ("may have landed") when it cannot tell.
+
+A ranged read that returns fewer bytes than asked of an object that has
+them is a truncated answer, never data: it is retried like a failed request.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import http.client
+import logging
 import os
+import random
 import threading
+import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
-from beam_supertable.errors import AlreadyExists, UnsafeBackendError
+from beam_supertable.errors import AlreadyExists, StoreIOError, UnsafeBackendError
 
 __all__ = ["ObjectInfo", "ObjectStore"]
 
+_LOG = logging.getLogger(__name__)
 _MEMORY_LOCK = threading.Lock()
 _ATOMIC_PROTOCOLS = {"file", "local", "memory", "s3", "s3a"}
 _LISTING_CACHE_PROTOCOLS = {"s3", "s3a"}
+_T = TypeVar("_T")
+
+REQUEST_ATTEMPTS = 4         # per store operation, on top of the client library's retries
+RETRY_BASE_S = 0.05          # backoff: 50 ms x 2^attempt, at most 1 s, +-30% jitter
+RETRY_CAP_S = 1.0
+RETRY_JITTER = 0.30
+
+
+class _ShortRead(Exception):
+    """A ranged read answered fewer bytes than the object holds: a cut-short body."""
+
+
+@functools.lru_cache(maxsize=None)
+def _transient_types() -> Tuple[type, ...]:
+    """Exceptions that mean "the request failed in transit", by client library.
+
+    Imported on the first failure only: a local or in-memory store never
+    loads botocore or aiohttp.
+    """
+    found = [ConnectionError, TimeoutError, http.client.IncompleteRead, _ShortRead]
+    try:
+        from botocore.exceptions import ConnectionError as BotoConnectionError
+        from botocore.exceptions import HTTPClientError, IncompleteReadError
+        from botocore.parsers import ResponseParserError
+        found += [BotoConnectionError, HTTPClientError, IncompleteReadError,
+                  ResponseParserError]
+    except ImportError:
+        pass
+    try:  # a response whose checksum does not match its body: damaged in transit
+        from botocore.exceptions import FlexibleChecksumError
+        found.append(FlexibleChecksumError)
+    except ImportError:
+        pass
+    try:
+        from aiohttp import ClientError
+        found.append(ClientError)
+    except ImportError:
+        pass
+    try:
+        from urllib3.exceptions import IncompleteRead, ProtocolError
+        found += [IncompleteRead, ProtocolError]
+    except ImportError:
+        pass
+    return tuple(found)
+
+
+def _transient(exc: BaseException) -> bool:
+    return isinstance(exc, _transient_types()) and not isinstance(exc, StoreIOError)
+
+
+def _retry_delay(attempt: int) -> float:
+    base = min(RETRY_BASE_S * (2 ** attempt), RETRY_CAP_S)
+    return base * (1 + random.uniform(-RETRY_JITTER, RETRY_JITTER))
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
 
 @dataclass(frozen=True)
@@ -123,29 +201,76 @@ class ObjectStore:
                 "so concurrent commits could overwrite each other; pass "
                 "single_writer=True if only one writer ever touches this table")
 
+    # -- requests ----------------------------------------------------------
+    def _request(self, what: str, path: str, call: Callable[[], _T]) -> _T:
+        """``call()``, retried when it fails in transit; then StoreIOError.
+
+        Only for idempotent requests (every one but the atomic create).
+        """
+        for attempt in range(REQUEST_ATTEMPTS):
+            try:
+                return call()
+            except FileNotFoundError as exc:
+                raise FileNotFoundError(f"{self.uri}: no object {path!r}") from exc
+            except Exception as exc:  # noqa: BLE001 - classified right below
+                if not _transient(exc):
+                    raise
+                last = exc
+            if attempt + 1 < REQUEST_ATTEMPTS:
+                delay = _retry_delay(attempt)
+                _LOG.info("%s: %s of %r failed in transit (%s); retry %d in %.0f ms",
+                          self.uri, what, path, _describe(last), attempt + 1, delay * 1000)
+                time.sleep(delay)
+        raise StoreIOError(
+            f"{self.uri}: {what} of {path!r} failed in transit {REQUEST_ATTEMPTS} times; "
+            f"last: {_describe(last)}") from last
+
+    def _info(self, full: str) -> Dict[str, Any]:
+        if self._local or self._memory:
+            return self.fs.info(full)
+        # refresh: a listing leaves directory listings in fsspec's cache, which
+        # would hide objects other writers create afterwards (a new version).
+        return self.fs.info(full, refresh=True)
+
     # -- reads -----------------------------------------------------------
     def get(self, path: str) -> bytes:
-        """The whole object. Raises FileNotFoundError naming the path."""
-        try:
-            return self.fs.cat_file(self.full(path))
-        except FileNotFoundError as exc:
-            raise FileNotFoundError(f"{self.uri}: no object {path!r}") from exc
+        """The whole object.
+
+        Raises:
+            FileNotFoundError: no such object (the message names it).
+            StoreIOError: every attempt failed in transit.
+        """
+        full = self.full(path)
+        return self._request("read", path, lambda: self.fs.cat_file(full))
 
     def get_range(self, path: str, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)``; a negative ``start`` counts from the end."""
-        try:
-            if start < 0:
-                size = self.head(path).size
-                start, end = max(size + start, 0), size if end is None else end
-            return self.fs.cat_file(self.full(path), start=start, end=end)
-        except FileNotFoundError as exc:
-            raise FileNotFoundError(f"{self.uri}: no object {path!r}") from exc
+        """Bytes ``[start, end)``; a negative ``start`` counts from the end.
+
+        Raises:
+            FileNotFoundError: no such object.
+            StoreIOError: every attempt failed in transit or came back short.
+        """
+        if start < 0:
+            size = self.head(path).size
+            start, end = max(size + start, 0), size if end is None else end
+        full = self.full(path)
+
+        def read() -> bytes:
+            data = self.fs.cat_file(full, start=start, end=end)
+            if end is not None and len(data) < end - start:
+                # Short: the object ends early (a legal answer), or the body
+                # was cut short in transit (never data). The size tells.
+                size = int(self._info(full).get("size") or 0)
+                if len(data) < min(end, size) - start:
+                    raise _ShortRead(f"bytes [{start}, {end}) of a {size}-byte object "
+                                     f"came back as {len(data)} bytes")
+            return data
+
+        return self._request("ranged read", path, read)
 
     def head(self, path: str) -> ObjectInfo:
-        try:
-            info = self.fs.info(self.full(path))
-        except FileNotFoundError as exc:
-            raise FileNotFoundError(f"{self.uri}: no object {path!r}") from exc
+        full = self.full(path)
+        info = self._request("head", path, lambda: self._info(full))
         if info.get("type") == "directory":
             raise FileNotFoundError(f"{self.uri}: {path!r} is a directory, not an object")
         return _object_info(path, info)
@@ -161,7 +286,7 @@ class ObjectStore:
         """Every object under ``prefix`` (a folder path), recursively."""
         base = self.full(prefix.rstrip("/"))
         try:
-            found = self.fs.find(base, detail=True)
+            found = self._request("list", prefix, lambda: self.fs.find(base, detail=True))
         except FileNotFoundError:
             return []
         out = []
@@ -180,10 +305,23 @@ class ObjectStore:
         if self._local:
             self._local_write_then(self.full(path), data, os.replace)
             return
-        self.fs.pipe_file(self.full(path), data)
+        full = self.full(path)
+        self._request("write", path, lambda: self.fs.pipe_file(full, data))
 
     def put_if_absent(self, path: str, data: bytes) -> None:
-        """Creates the object atomically, or raises :class:`AlreadyExists`."""
+        """Creates the object atomically, or raises :class:`AlreadyExists`.
+
+        Note:
+            On S3 a create that finds the object holding exactly ``data``
+            succeeds: its own earlier attempt may have landed unanswered, and
+            nothing tells that apart from an identical object. (Every object
+            this package creates has a fresh name or a unique document.)
+
+        Raises:
+            AlreadyExists: the object is there with other bytes than ``data``.
+            StoreIOError: the create failed in transit and whether it landed
+                could not be told; it may have.
+        """
         self.check_writable()
         full = self.full(path)
         if self._local:
@@ -194,20 +332,77 @@ class ObjectStore:
                     raise AlreadyExists(f"{self.uri}: object {path!r} already exists")
                 self.fs.pipe_file(full, data)
         elif self.protocol in ("s3", "s3a"):
-            try:
-                self.fs.pipe_file(full, data, mode="create")
-            except FileExistsError as exc:
-                raise AlreadyExists(f"{self.uri}: object {path!r} already exists") from exc
+            self._create_s3(path, full, data)
         else:  # single writer promised
             if self.fs.exists(full):
                 raise AlreadyExists(f"{self.uri}: object {path!r} already exists")
             self.fs.pipe_file(full, data)
 
+    def _create_s3(self, path: str, full: str, data: bytes) -> None:
+        """A PUT with ``If-None-Match: *``, retried; ``412`` on our own bytes is success.
+
+        A create whose answer was lost (reset, cut short, timed out) may have
+        landed; its retry (here, or inside s3fs or botocore) then gets ``412``
+        although the object is ours. Only the object's bytes can tell.
+        """
+        last: Optional[BaseException] = None
+        for attempt in range(REQUEST_ATTEMPTS):
+            try:
+                self.fs.pipe_file(full, data, mode="create")
+                return
+            except FileExistsError as exc:
+                try:
+                    ours = self._holds(path, full, data, after=exc)
+                except FileNotFoundError:
+                    ours = False  # there a moment ago, someone else's, deleted since
+                if ours:
+                    _LOG.info("%s: create of %r answered 'exists', and the object holds "
+                              "our bytes: an earlier attempt landed", self.uri, path)
+                    return
+                raise AlreadyExists(f"{self.uri}: object {path!r} already exists") from exc
+            except Exception as exc:  # noqa: BLE001 - classified right below
+                if not _transient(exc):
+                    raise
+                last = exc
+            if attempt + 1 < REQUEST_ATTEMPTS:
+                delay = _retry_delay(attempt)
+                _LOG.info("%s: create of %r failed in transit (%s); retry %d in %.0f ms",
+                          self.uri, path, _describe(last), attempt + 1, delay * 1000)
+                time.sleep(delay)
+        try:
+            if self._holds(path, full, data, after=last):
+                return
+        except FileNotFoundError:
+            pass
+        raise StoreIOError(
+            f"{self.uri}: create of {path!r} failed in transit {REQUEST_ATTEMPTS} times and "
+            f"the object is not there with our bytes; it may still land. Last: "
+            f"{_describe(last)}") from last
+
+    def _holds(self, path: str, full: str, data: bytes, *, after: BaseException) -> bool:
+        """Whether the object holds exactly ``data`` (a head; a read if sizes match)."""
+        try:
+            info = self._request("head", path, lambda: self._info(full))
+            etag = info.get("ETag") or info.get("etag")
+            # A single-part PUT's ETag is the MD5 of its bytes (not under SSE-KMS:
+            # then the bytes themselves decide).
+            if isinstance(etag, str) and \
+                    etag.strip('"') == hashlib.md5(data, usedforsecurity=False).hexdigest():
+                return True
+            if int(info.get("size") or 0) != len(data):
+                return False
+            return self._request("read", path, lambda: self.fs.cat_file(full)) == data
+        except StoreIOError as exc:
+            raise StoreIOError(
+                f"{self.uri}: create of {path!r} may have landed ({_describe(after)}), and "
+                f"checking the object failed too: {exc}") from exc
+
     def delete(self, path: str) -> None:
         """Deletes an object; deleting a missing one is not an error."""
         self.check_writable()
+        full = self.full(path)
         try:
-            self.fs.rm_file(self.full(path))
+            self._request("delete", path, lambda: self.fs.rm_file(full))
         except FileNotFoundError:
             pass
 

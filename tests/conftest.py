@@ -86,3 +86,18 @@ def table_location(request, tmp_path):
     endpoint = request.getfixturevalue("s3_server")
     bucket = request.getfixturevalue("s3_bucket")
     yield f"s3://{bucket}/table", s3_options(endpoint)
+
+
+@pytest.fixture
+def fault_proxy(s3_server):
+    """A fault-injecting TCP proxy process in front of the S3 server.
+
+    It forwards everything untouched until a test configures faults
+    (``fault_proxy.configure(share=..., kinds=..., seed=...)``); clients reach
+    it at ``fault_proxy.url``. See ``tests/beam_supertable/fault_proxy.py``.
+    """
+    from tests.beam_supertable.fault_proxy import FaultProxy
+
+    proxy = FaultProxy(s3_server)
+    yield proxy
+    proxy.stop()

@@ -66,6 +66,18 @@ def test_racing_creates_have_exactly_one_winner(store):
     assert store.get("race.json") == f"writer {winners[0]}".encode()
 
 
+def test_a_listing_does_not_hide_objects_another_writer_creates_later(table_location):
+    uri, options = table_location
+    reader = ObjectStore(uri, options)
+    # Another process: its own client (s3fs would share one per settings otherwise).
+    other = ObjectStore(uri, {**options, "skip_instance_cache": True} if options else None)
+    reader.put("v/1.json", b"1")
+    assert [o.path for o in reader.list("v")] == ["v/1.json"]
+    other.put_if_absent("v/2.json", b"22")
+    assert reader.exists("v/2.json")
+    assert reader.head("v/2.json").size == 2
+
+
 def test_local_create_leaves_no_temporary_files(tmp_path):
     store = ObjectStore(str(tmp_path))
     store.put_if_absent("x.bin", b"1")
