@@ -39,3 +39,11 @@ class SchemaMismatchError(SupertableError, ValueError):
 
 class MemoryBudgetError(SupertableError, MemoryError):
     """An operation would exceed its memory budget; nothing was written."""
+
+
+class DuplicateKeyError(SupertableError, ValueError):
+    """A write names a primary key twice, or appends a key the table already holds."""
+
+
+class FrontierError(SupertableError, ValueError):
+    """A commit would move the table's source frontier backwards."""

@@ -20,6 +20,7 @@ import pyarrow as pa
 from beam_supertable import superfile
 from beam_supertable.filters import column_stats
 from beam_supertable.ids import new_ids
+from beam_supertable.keys import key_stats
 from beam_supertable.schema import ID
 from beam_supertable.store import ObjectStore
 from beam_supertable.superfile import VectorSpec
@@ -38,6 +39,7 @@ class Layout:
     stop_words: FrozenSet[str]
     replica_factor: float = 0.0
     target_bytes: int = TARGET_SUPERFILE_BYTES
+    primary_key: Sequence[str] = ()
 
 
 def shard_count(table: pa.Table, layout: Layout, n_shards: Optional[int]) -> int:
@@ -77,6 +79,10 @@ def build_and_upload(store: ObjectStore, table: pa.Table, layout: Layout,
         "stats": column_stats(table),
         **summary,
     }
+    if layout.primary_key and table.num_rows:
+        # Key range and bloom filter: an upsert finds where its keys live
+        # from the manifest and reads only those superfiles' key columns.
+        entry["keys"] = key_stats(table, layout.primary_key)
     if grid_id is not None:
         entry["grid"] = grid_id
     return entry
