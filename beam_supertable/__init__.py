@@ -1,9 +1,9 @@
 """A table of Parquet superfiles on any fsspec object store, committed with OCC."""
 
 from beam_supertable.errors import (
-    AlreadyExists, CommitConflictError, CorruptManifestError, MemoryBudgetError, NotATableError,
-    SchemaMismatchError, SupertableError, TableExistsError, UnsafeBackendError,
-    VersionNotFoundError)
+    AlreadyExists, CommitConflictError, CorruptManifestError, DuplicateKeyError, FrontierError,
+    MemoryBudgetError, NotATableError, SchemaMismatchError, SupertableError, TableExistsError,
+    UnsafeBackendError, VersionNotFoundError)
 from beam_supertable.manifest import CommitRequest, Manifest, Snapshot, VacuumReport
 from beam_supertable.store import ObjectInfo, ObjectStore
 from beam_supertable.table import Supertable
@@ -11,6 +11,7 @@ from beam_supertable.table import Supertable
 __all__ = [
     "CommitResult", "ReadFromSupertable", "WriteResult", "WriteToSupertable",
     "AlreadyExists", "CommitConflictError", "CommitRequest", "CorruptManifestError",
+    "DuplicateKeyError", "FrontierError",
     "Manifest", "MemoryBudgetError", "NotATableError", "ObjectInfo", "ObjectStore", "SchemaMismatchError",
     "Snapshot", "Supertable", "SupertableError", "TableExistsError", "UnsafeBackendError",
     "VacuumReport", "VersionNotFoundError",

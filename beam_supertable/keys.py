@@ -6,7 +6,8 @@ table carries key statistics, so finding where a key lives reads the
 manifest, not the table::
 
     "keys": {"min": [v, ...], "max": [v, ...],   # one per key column, or null
-             "bloom": "<base64>", "hashes": k}
+             "bloom": "<base64>", "hashes": k,
+             "section": [offset, length]}           # optional: the key section
 
 ``min``/``max`` are JSON: integers for integer, bool (0/1), date (days or
 ms since the epoch, as the column's type stores them) and timestamp (in the
@@ -47,7 +48,7 @@ from beam_supertable.errors import DuplicateKeyError, SchemaMismatchError
 
 __all__ = [
     "KEY_BLOOM_BITS_PER_KEY", "KEY_BLOOM_MAX_BYTES", "KeyBatch", "check_primary_key",
-    "key_hashes", "key_stats",
+    "key_hashes", "key_section", "key_stats", "read_key_section",
 ]
 
 KEY_BLOOM_BITS_PER_KEY = 10
@@ -246,6 +247,22 @@ def key_stats(table: pa.Table, columns: Sequence[str]) -> Dict[str, Any]:
         hi.append(_to_json(mm["max"].as_py()))
     bloom, k = bloom_build(key_hashes(table, columns))
     return {"min": lo, "max": hi, "bloom": bloom, "hashes": k}
+
+
+def key_section(table: pa.Table, columns: Sequence[str]) -> bytes:
+    """The ``keys`` superfile section: the key columns in row order, as an Arrow
+    IPC stream (one record batch, zstd-compressed buffers)."""
+    keys = table.select(list(columns)).combine_chunks()
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression="zstd")
+    with pa.ipc.new_stream(sink, keys.schema, options=options) as writer:
+        writer.write_table(keys)
+    return sink.getvalue().to_pybytes()
+
+
+def read_key_section(data: bytes) -> pa.Table:
+    """The key columns stored by :func:`key_section`."""
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
 
 
 # -- one write's keys ------------------------------------------------------------

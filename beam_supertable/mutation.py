@@ -31,12 +31,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from beam_supertable import deletes as dv
 from beam_supertable.errors import DuplicateKeyError, FrontierError
 from beam_supertable.filters import mask, may_match
-from beam_supertable.keys import KeyBatch
+from beam_supertable.keys import KeyBatch, read_key_section
 from beam_supertable.manifest import CommitRequest, Snapshot
 
 if TYPE_CHECKING:
@@ -122,12 +123,22 @@ class Mutation:
         # superfile with no live row left never needs reading again.
         if len(self._table._deleted_rows(entry, base)) >= entry["rows"]:
             return _NONE
-        reader = self._table._reader(entry)
         if self._keys is not None:
-            names = self._table.primary_key
-            return self._keys.match(reader.read(columns=names).select(names), candidates)
-        rows = np.where(mask(reader.read(), self._filter))[0].astype(np.int64)
+            return self._keys.match(self._key_columns(entry), candidates)
+        rows = np.where(mask(self._table._reader(entry).read(), self._filter))[0].astype(np.int64)
         return rows, np.zeros(len(rows), np.int64)
+
+    def _key_columns(self, entry: dict) -> pa.Table:
+        """A superfile's key columns: its key section (one ranged read), else a
+        projected Parquet read (a footer read plus a request per row group)."""
+        names = self._table.primary_key
+        section = entry["keys"].get("section") if entry.get("keys") else None
+        if section is None:
+            return self._table._reader(entry).read(columns=names).select(names)
+        offset, length = section
+        data = self._table.store.get_range(entry["path"], offset, offset + length)
+        self._table.io.add(len(data))
+        return read_key_section(data).select(names)
 
     def _vector(self, sf: str, rows: np.ndarray) -> str:
         """A deletion vector of ``rows`` of superfile ``sf``, uploaded once per row set."""

@@ -68,7 +68,9 @@ def build_and_upload(store: ObjectStore, table: pa.Table, layout: Layout,
     full = table.add_column(0, pa.field(ID, pa.int64(), nullable=False), pa.array(ids))
     data, summary = superfile.build(
         full, vector=layout.vector, cells=cells, replica_cells=replicas,
-        fts_columns=layout.fts_columns, stop_words=layout.stop_words)
+        fts_columns=layout.fts_columns, stop_words=layout.stop_words,
+        key_columns=layout.primary_key)
+    section = summary.pop("key_section", None)
     sf = uuid.uuid4().hex
     path = f"{DATA}/{sf}.sf.parquet"
     store.put_if_absent(path, data)
@@ -83,6 +85,8 @@ def build_and_upload(store: ObjectStore, table: pa.Table, layout: Layout,
         # Key range and bloom filter: an upsert finds where its keys live
         # from the manifest and reads only those superfiles' key columns.
         entry["keys"] = key_stats(table, layout.primary_key)
+        if section is not None:
+            entry["keys"]["section"] = section
     if grid_id is not None:
         entry["grid"] = grid_id
     return entry

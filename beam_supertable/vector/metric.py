@@ -46,6 +46,10 @@ def nearest(queries: np.ndarray, points: np.ndarray, metric: str, k: int,
     out = np.empty((len(queries), k), dtype=np.int64)
     for start in range(0, len(queries), chunk):
         d = distances(queries[start:start + chunk], points, metric)
+        if k == 1:
+            # Cell assignment: argmin is one pass; argpartition costs ~10x more.
+            out[start:start + chunk, 0] = d.argmin(axis=1)
+            continue
         if k < d.shape[1]:
             part = np.argpartition(d, k - 1, axis=1)[:, :k]
         else:
