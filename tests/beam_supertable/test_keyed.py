@@ -404,3 +404,17 @@ def test_keyed_table_matches_a_dict_model_at_every_version(ops):
         got = {(r["a"], r["b"]): r["v"] for r in rows}
         assert len(got) == len(rows) == old.count_rows()
         assert got == expected
+
+
+def test_rows_may_be_given_as_dicts():
+    schema = pa.schema([("id", pa.int8()), ("d", pa.date32()), ("v", pa.string())])
+    t = Supertable.create(_memory_uri(), schema, primary_key="id")
+    t.append([{"id": 1, "d": datetime.date(2020, 1, 1)}, {"id": 2, "v": "x"}])
+    t.upsert([{"id": 2, "v": "y"}, {"id": 3, "v": "z"}])
+    assert sorted(t.to_arrow(columns=["id", "d", "v"]).to_pylist(), key=lambda r: r["id"]) == [
+        {"id": 1, "d": datetime.date(2020, 1, 1), "v": None},
+        {"id": 2, "d": None, "v": "y"}, {"id": 3, "d": None, "v": "z"}]
+    with pytest.raises(SchemaMismatchError, match="row dicts do not make a table"):
+        t.upsert([{"id": 4, "v": "a"}, {"id": 5, "v": 7}])
+    with pytest.raises(TypeError, match="got int"):
+        t.upsert([{"id": 4}, 5])
