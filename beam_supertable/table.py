@@ -299,7 +299,7 @@ class Supertable:
     def _write(self, data: Data, operation: str, *, token, metadata, frontier, max_retries,
                n_shards, memory_budget_bytes) -> int:
         """append and upsert: validate, upload once, commit with keys resolved per base."""
-        frontier = self._frontier_arg(frontier)
+        frontier = self._frontier_arg(frontier, token)
         vp = self._vector_props()
         table = conform(self.uri, data, self.user_schema, vp["column"] if vp else None)
         if memory_budget_bytes is not None:
@@ -321,9 +321,11 @@ class Supertable:
                 return self.version
             return self.commit(CommitRequest(operation=operation, token=token),
                                max_retries=max_retries, rebuild=mutation.request)
-        if operation == "append" and keys is not None:
+        if operation == "append" and keys is not None and token is None:
             # Refuse live keys before uploading anything; the commit checks
-            # again on the version it lands on.
+            # again on the version it lands on. (With a token, the commit
+            # first looks for the token: a retried append that already
+            # landed finds its own keys live.)
             mutation.request(self._snapshot)
         for attempt in range(2):
             entries, stamp = self.write_superfiles(table, n_shards=n_shards, conformed=True)
@@ -343,15 +345,18 @@ class Supertable:
                 self._grid = None
         raise AssertionError("unreachable")
 
-    def _frontier_arg(self, frontier) -> Optional[int]:
-        """``frontier`` checked for type and against this handle's version."""
+    def _frontier_arg(self, frontier, token: Optional[str]) -> Optional[int]:
+        """``frontier`` checked for type and, before anything is written, against
+        this handle's version (with a token, the commit checks it after looking
+        for the token: a retry of a commit that landed returns that version)."""
         if frontier is None:
             return None
         if isinstance(frontier, bool) or not isinstance(frontier, (int, np.integer)):
             raise TypeError(f"{self.uri}: frontier must be an int (microseconds since the "
                             f"epoch) or None, got {frontier!r}")
         frontier = int(frontier)
-        check_frontier(self.uri, frontier, self.frontier, self.version)
+        if token is None:
+            check_frontier(self.uri, frontier, self.frontier, self.version)
         return frontier
 
     def write_superfiles(self, data: Data, *, n_shards: Optional[int] = None,
@@ -402,8 +407,9 @@ class Supertable:
         Raises:
             FrontierError: ``frontier`` is below the table's.
         """
-        mutation = Mutation(self, "delete", filter=filter, frontier=self._frontier_arg(frontier),
-                            token=token, metadata=metadata, base_version=self.version)
+        mutation = Mutation(self, "delete", filter=filter,
+                            frontier=self._frontier_arg(frontier, token), token=token,
+                            metadata=metadata, base_version=self.version)
         return self.commit(CommitRequest(operation="delete", token=token,
                                          base_version=self.version),
                            max_retries=max_retries, rebuild=mutation.request)

@@ -418,3 +418,19 @@ def test_rows_may_be_given_as_dicts():
         t.upsert([{"id": 4, "v": "a"}, {"id": 5, "v": 7}])
     with pytest.raises(TypeError, match="got int"):
         t.upsert([{"id": 4}, 5])
+
+
+def test_a_retried_write_whose_token_landed_returns_its_version(tmp_path):
+    # The token is looked for before keys and frontier are checked: a retry
+    # finds its own keys live and the frontier moved on by later commits.
+    uri = str(tmp_path / "t")
+    t = Supertable.create(uri, SCHEMA, primary_key="id")
+    v1 = t.append(_rows([1, 2], "a")[0], token="batch-1", frontier=10)
+    v2 = t.upsert(_rows([2, 3], "b")[0], token="batch-2", frontier=20)
+    v3 = t.delete(pc.field("id") == 1, token="batch-3", frontier=30)
+    retry = Supertable.open(uri)
+    assert retry.append(_rows([1, 2], "a")[0], token="batch-1", frontier=10) == v1
+    assert retry.upsert(_rows([2, 3], "c")[0], token="batch-2", frontier=20) == v2
+    assert retry.delete(pc.field("id") == 2, token="batch-3", frontier=30) == v3
+    t = Supertable.open(uri)
+    assert t.version == v3 and _live(t) == {2: "b word2", 3: "b word3"} and t.frontier == 30
