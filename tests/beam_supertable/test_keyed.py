@@ -119,8 +119,10 @@ KEY_TYPES = [
     ("int8", [pa.field("k", pa.int8())], lambda i: {"k": i - 20}),
     ("uint64", [pa.field("k", pa.uint64())], lambda i: {"k": 2 ** 64 - 1 - i}),
     ("string", [pa.field("k", pa.string())], lambda i: {"k": f"key-{i:03d}" if i else ""}),
-    ("large_string", [pa.field("k", pa.large_string())], lambda i: {"k": "é" * (i % 5) + str(i)}),
-    ("binary", [pa.field("k", pa.binary())], lambda i: {"k": bytes([i % 7]) * (i % 4 + 1) + bytes([i])}),
+    ("large_string", [pa.field("k", pa.large_string())],
+     lambda i: {"k": "é" * (i % 5) + str(i)}),
+    ("binary", [pa.field("k", pa.binary())],
+     lambda i: {"k": bytes([i % 7]) * (i % 4 + 1) + bytes([i])}),
     ("fixed_binary", [pa.field("k", pa.binary(2))], lambda i: {"k": bytes([i, 255 - i])}),
     ("date", [pa.field("k", pa.date32())],
      lambda i: {"k": datetime.date(2020, 1, 1) + datetime.timedelta(days=i)}),
@@ -130,7 +132,8 @@ KEY_TYPES = [
     ("bool+int", [pa.field("flag", pa.bool_()), pa.field("n", pa.int32())],
      lambda i: {"flag": i % 2 == 0, "n": i // 2}),
     ("string+date", [pa.field("s", pa.string()), pa.field("d", pa.date32())],
-     lambda i: {"s": "ab"[i % 2], "d": datetime.date(2021, 5, 1) + datetime.timedelta(days=i // 2)}),
+     lambda i: {"s": "ab"[i % 2],
+                "d": datetime.date(2021, 5, 1) + datetime.timedelta(days=i // 2)}),
 ]
 
 
@@ -312,7 +315,8 @@ def _ranged_table(uri, schema, batches, **kwargs):
 
 def test_upsert_reads_only_the_key_section_of_superfiles_that_may_hold_the_keys(tmp_path):
     dim = 32
-    schema = pa.schema([("id", pa.int64()), ("body", pa.string()), ("emb", pa.list_(pa.float32(), dim))])
+    schema = pa.schema([("id", pa.int64()), ("body", pa.string()),
+                        ("emb", pa.list_(pa.float32(), dim))])
     rng = np.random.default_rng(0)
 
     def rows(ids):
@@ -362,7 +366,6 @@ def test_projected_key_reads_without_a_key_section_and_bloom_pruning(tmp_path):
 
 # -- a reference model ----------------------------------------------------------------
 KEYS = [(a, b) for a in range(4) for b in ("x", "y")]
-ROW = st.tuples(st.sampled_from(KEYS), st.integers(0, 99))
 OPS = st.lists(st.one_of(
     st.tuples(st.just("upsert"), st.dictionaries(st.sampled_from(KEYS), st.integers(0, 99),
                                                  max_size=5)),
