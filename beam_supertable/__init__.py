@@ -3,8 +3,9 @@
 from beam_supertable._version import __version__
 from beam_supertable.errors import (
     AlreadyExists, CommitConflictError, CommitFailedError, CorruptManifestError,
-    MemoryBudgetError, NotATableError, SchemaMismatchError, StoreIOError, SupertableError,
-    TableExistsError, TokenReuseError, UnsafeBackendError, VersionNotFoundError)
+    DuplicateKeyError, FrontierError, MemoryBudgetError, NotATableError, SchemaMismatchError,
+    StoreIOError, SupertableError, TableExistsError, TokenReuseError, UnsafeBackendError,
+    VersionNotFoundError)
 from beam_supertable.manifest import CommitRequest, Manifest, Snapshot, VacuumReport
 from beam_supertable.store import ObjectInfo, ObjectStore
 from beam_supertable.table import Supertable
@@ -13,7 +14,7 @@ __all__ = [
     "__version__",
     "CommitResult", "ReadFromSupertable", "WriteResult", "WriteToSupertable",
     "AlreadyExists", "CommitConflictError", "CommitFailedError", "CommitRequest",
-    "CorruptManifestError",
+    "CorruptManifestError", "DuplicateKeyError", "FrontierError",
     "Manifest", "MemoryBudgetError", "NotATableError", "ObjectInfo", "ObjectStore", "SchemaMismatchError",
     "Snapshot", "StoreIOError", "Supertable", "SupertableError", "TableExistsError",
     "TokenReuseError", "UnsafeBackendError",

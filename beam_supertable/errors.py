@@ -73,3 +73,11 @@ class MemoryBudgetError(SupertableError, MemoryError):
 
 class StoreIOError(SupertableError, ConnectionError):
     """An object-store request failed in transit after its retries; a write may have landed."""
+
+
+class DuplicateKeyError(SupertableError, ValueError):
+    """A write names a primary key twice, or appends a key the table already holds."""
+
+
+class FrontierError(SupertableError, ValueError):
+    """A commit would move the table's source frontier backwards."""

@@ -507,7 +507,8 @@ class Manifest:
         if own_part is not None:
             parts.append(own_part)
             parts = self._merge_parts(parts)
-        missing = [sf for sf in req.add_deletes if sf not in known and not self._has_superfile(parts, sf)]
+        present = self._superfile_ids(parts) if set(req.add_deletes) - known else set()
+        missing = [sf for sf in req.add_deletes if sf not in known and sf not in present]
         if missing:
             raise CommitConflictError(
                 f"{self.store.uri}: deletion vectors name superfiles {missing[:5]} that are "
@@ -523,8 +524,10 @@ class Manifest:
         return self._document(base.version + 1, schema, properties, parts, deletes, totals,
                               req.operation, req.token, req.metadata, recent)
 
-    def _has_superfile(self, parts: Sequence[PartRef], sf: str) -> bool:
-        return any(e["id"] == sf for p in parts for e in self.read_part(p.path))
+    def _superfile_ids(self, parts: Sequence[PartRef]) -> set:
+        # One pass over the parts, not one per deletion vector: an upsert may
+        # add a vector to every superfile.
+        return {e["id"] for p in parts for e in self.read_part(p.path)}
 
     def _write_part(self, entries: List[dict], level: int) -> PartRef:
         path = f"{PARTS}/{uuid.uuid4().hex}.json"
@@ -542,8 +545,19 @@ class Manifest:
         return parts
 
     def commit(self, req: CommitRequest, *, max_retries: int = DEFAULT_MAX_RETRIES,
-               base: Optional[Snapshot] = None) -> Snapshot:
+               base: Optional[Snapshot] = None,
+               rebuild: Optional[Callable[[Snapshot], Optional[CommitRequest]]] = None
+               ) -> Snapshot:
         """Commits ``req`` as the next version, rebasing and retrying on lost races.
+
+        Args:
+            rebuild: called with the base before every attempt (after the
+                token check); returns the request to commit on exactly that
+                base, or None when nothing is left to commit (the base is then
+                returned). Mutations use it to resolve which rows they remove
+                against the version they land on. The rebuilt request must
+                carry ``req.add_entries`` (written once, before the race) and
+                ``req.token``.
 
         Returns:
             The version that holds the commit: the new one, or the one where
@@ -585,8 +599,17 @@ class Manifest:
                     landed = self._find_token(req.token, base, req.base_version)
                     if landed is not None:
                         return self._landed(req, fingerprint, landed, base, attempted)
+                attempt_req = req
+                if rebuild is not None:
+                    step = f"resolving the mutation on version {base.version}"
+                    attempt_req = rebuild(base)
+                    if attempt_req is None:
+                        return base
+                    if [e["id"] for e in attempt_req.add_entries] != \
+                            [e["id"] for e in req.add_entries]:
+                        raise ValueError("Manifest.commit: rebuild must keep req.add_entries")
                 step = f"rebasing on version {base.version}"
-                doc = self._rebase(base, req, own_part)
+                doc = self._rebase(base, attempt_req, own_part)
                 if req.token is not None:
                     doc["commit"]["fingerprint"] = fingerprint
                 step = f"creating {version_path(doc['version'])}"

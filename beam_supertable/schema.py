@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
@@ -12,7 +12,7 @@ from beam_supertable.errors import SchemaMismatchError
 
 ID = "_id"
 
-Data = Union[pa.Table, pa.RecordBatch, Sequence[pa.RecordBatch]]
+Data = Union[pa.Table, pa.RecordBatch, Sequence[pa.RecordBatch], Sequence[Mapping[str, Any]]]
 
 
 def vector_dim(field: pa.Field) -> int:
@@ -32,9 +32,18 @@ def to_table(data: Data) -> Optional[pa.Table]:
     batches = list(data)
     if not batches:
         return None
+    if all(isinstance(b, Mapping) for b in batches):
+        # Row dicts: types are inferred here and cast to the schema by conform,
+        # whose errors name the column and row.
+        try:
+            return pa.Table.from_pylist(batches)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise SchemaMismatchError(f"row dicts do not make a table: {exc}") from exc
     if not all(isinstance(b, pa.RecordBatch) for b in batches):
-        bad = next(type(b).__name__ for b in batches if not isinstance(b, pa.RecordBatch))
-        raise TypeError(f"append takes a pyarrow Table, a RecordBatch or RecordBatches, got {bad}")
+        kind = Mapping if isinstance(batches[0], Mapping) else pa.RecordBatch
+        bad = next(type(b).__name__ for b in batches if not isinstance(b, kind))
+        raise TypeError(f"append takes a pyarrow Table, a RecordBatch, RecordBatches or row "
+                        f"dicts, got {bad}")
     return pa.Table.from_batches(batches)
 
 

@@ -28,6 +28,11 @@ deterministic, and the real write checks that it ends at the same byte.
 ``text`` (when the table has FTS columns): the Arrow IPC streams of
 :mod:`beam_supertable.fts.index`.
 
+``keys`` (keyed tables, when the superfile has another section): the key
+columns in row order, :func:`beam_supertable.keys.key_section`. The row
+groups follow the cells, so a projected Parquet read of the key columns
+takes one request per row group; the section takes one.
+
 Index entries are ordered like the rows (cell, then fine cluster), followed
 by the vector-only replica entries grouped by their second cell.
 """
@@ -46,6 +51,7 @@ import pyarrow.parquet as pq
 from sklearn.cluster import KMeans
 
 from beam_supertable.fts import index as fts_index
+from beam_supertable.keys import key_section
 from beam_supertable.vector import codes
 from beam_supertable.vector.metric import prepare
 
@@ -94,8 +100,8 @@ def _row_groups(boundaries: Sequence[int], total: int) -> List[Tuple[int, int]]:
 
 def build(table: pa.Table, *, vector: Optional[VectorSpec] = None,
           cells: Optional[np.ndarray] = None, replica_cells: Optional[np.ndarray] = None,
-          fts_columns: Sequence[str] = (), stop_words: FrozenSet[str] = frozenset()
-          ) -> Tuple[bytes, Dict[str, Any]]:
+          fts_columns: Sequence[str] = (), stop_words: FrozenSet[str] = frozenset(),
+          key_columns: Sequence[str] = ()) -> Tuple[bytes, Dict[str, Any]]:
     """Builds one superfile.
 
     Args:
@@ -201,6 +207,8 @@ def build(table: pa.Table, *, vector: Optional[VectorSpec] = None,
         if vector is not None else {}
     if text_section is not None:
         blobs["text"] = text_section
+    if key_columns and blobs:
+        blobs["keys"] = key_section(table, key_columns)
     options = dict(compression=compression, use_dictionary=dictionary,
                    write_statistics=statistics)
     groups = _row_groups(boundaries[1:], table.num_rows)
@@ -227,6 +235,8 @@ def build(table: pa.Table, *, vector: Optional[VectorSpec] = None,
     writer.close()
     data = buf.getvalue()
     summary["row_groups"] = len(groups)
+    if "keys" in sections:
+        summary["key_section"] = sections["keys"]
     return data, summary
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
 from typing import Any, Dict, List, Optional, Sequence, Union
 
@@ -14,11 +15,13 @@ from beam_supertable import deletes as dv
 from beam_supertable.errors import (
     CommitConflictError, CommitFailedError, MemoryBudgetError, SchemaMismatchError,
     SupertableError)
+from beam_supertable.keys import KeyBatch, check_primary_key
 from beam_supertable.manifest import (
     DEFAULT_MAX_RETRIES, CommitRequest, Manifest, Snapshot, VacuumReport)
 from beam_supertable.cache import DEFAULT_CACHE_BYTES, ByteCache
 from beam_supertable.filters import mask, may_match, pruned
 from beam_supertable.fts import index as fts_index
+from beam_supertable.mutation import FRONTIER, Mutation, check_frontier
 from beam_supertable.fts import search as text_search
 from beam_supertable.reader import IOStats, SuperfileReader
 from beam_supertable.schema import ID, Data, conform, vector_dim
@@ -76,11 +79,16 @@ class Supertable:
                replica_factor: float = 0.0, stop_words: Sequence[str] = (),
                target_superfile_bytes: int = TARGET_SUPERFILE_BYTES,
                single_writer: bool = False,
-               cache_bytes: int = DEFAULT_CACHE_BYTES) -> "Supertable":
+               cache_bytes: int = DEFAULT_CACHE_BYTES,
+               primary_key: Union[str, Sequence[str], None] = None) -> "Supertable":
         """Creates an empty table; raises TableExistsError if one is there.
 
         Args:
             schema: the user columns (``_id`` is added and reserved).
+            primary_key: a key column or a list of them (integer, bool, date,
+                timestamp, string or binary). A keyed table holds at most one
+                live row per key at every version; key columns become
+                non-nullable; ``upsert`` replaces rows by key.
             vector_column: a ``fixed_size_list<float>`` column to index.
             metric: ``"l2"`` (squared Euclidean), ``"cosine"`` or ``"dot"``.
             fts_columns: string columns indexed together for BM25.
@@ -93,7 +101,12 @@ class Supertable:
         if ID in schema.names:
             raise SchemaMismatchError(f"{uri}: column {ID!r} is reserved for row ids")
         check_metric(metric)
+        key = check_primary_key(uri, schema, primary_key)
         props: Dict[str, Any] = {"target_superfile_bytes": int(target_superfile_bytes)}
+        if key:
+            props["primary_key"] = key
+            schema = pa.schema([f.with_nullable(False) if f.name in key else f for f in schema],
+                               metadata=schema.metadata)
         if vector_column is not None:
             if vector_column not in schema.names:
                 raise SchemaMismatchError(
@@ -168,6 +181,20 @@ class Supertable:
         return dict(self._snapshot.properties)
 
     @property
+    def primary_key(self) -> List[str]:
+        """The key column names; empty for a table without a key."""
+        return list(self._snapshot.properties.get("primary_key", ()))
+
+    @property
+    def frontier(self) -> Optional[int]:
+        """The source frontier recorded by the last commit that set one, or None.
+
+        Microseconds since the epoch, exclusive: commands before it are
+        applied. Kept in the version document, so reading it is O(1).
+        """
+        return self._snapshot.properties.get(FRONTIER)
+
+    @property
     def user_schema(self) -> pa.Schema:
         return pa.schema([f for f in self.schema if f.name != ID])
 
@@ -188,7 +215,8 @@ class Supertable:
             stop_words=frozenset(fp.get("stop_words", ())) if fp else frozenset(),
             replica_factor=vp.get("replica_factor", 0.0) if vp else 0.0,
             target_bytes=self._snapshot.properties.get("target_superfile_bytes",
-                                                       TARGET_SUPERFILE_BYTES))
+                                                       TARGET_SUPERFILE_BYTES),
+            primary_key=tuple(self.primary_key))
 
     # -- the grid ----------------------------------------------------------
     def grid(self) -> Optional[np.ndarray]:
@@ -219,7 +247,7 @@ class Supertable:
 
     # -- writing ---------------------------------------------------------
     def append(self, data: Data, *, token: Optional[str] = None,
-               metadata: Optional[Dict[str, Any]] = None,
+               metadata: Optional[Dict[str, Any]] = None, frontier: Optional[int] = None,
                max_retries: int = DEFAULT_MAX_RETRIES, n_shards: Optional[int] = None,
                memory_budget_bytes: Optional[int] = None) -> int:
         """Appends rows as one commit; returns the new version.
@@ -227,51 +255,135 @@ class Supertable:
         Validates everything before writing anything, assigns fresh ``_id`` s,
         shards the rows into superfiles (``cell % n_shards`` with a vector
         column, else by size, about 64 MiB of input each), builds and uploads
-        them, and commits once. Appending nothing is a no-op.
+        them, and commits once. Appending nothing is a no-op (unless it moves
+        the frontier).
+
+        On a keyed table, ``append`` only adds keys: a key given twice, or
+        already live in the version the commit lands on, raises
+        DuplicateKeyError and commits nothing (``upsert`` replaces rows).
 
         Args:
             token: idempotency token. An append whose token already landed
                 with the same rows (by content: see
                 ``manifest.commit_fingerprint``) returns that version and
                 commits nothing; with other rows it raises TokenReuseError.
-            metadata: JSON data kept in the commit (e.g. a source frontier).
+            metadata: JSON data kept in the commit.
+            frontier: the source frontier (µs since the epoch, exclusive)
+                this commit records; it may not be lower than the table's.
             memory_budget_bytes: refuse (MemoryBudgetError) an append whose
                 estimated peak memory exceeds this, before writing anything.
 
         Raises:
             SchemaMismatchError: data that does not fit the schema; the message
-                names the column and row.
+                names the column and row (a null key included).
+            DuplicateKeyError: on a keyed table, a repeated or live key.
+            FrontierError: ``frontier`` is below the table's.
             TokenReuseError: ``token`` already landed with other rows.
             CommitFailedError: the commit did not land within ``max_retries``.
         """
+        return self._write(data, "append", token=token, metadata=metadata, frontier=frontier,
+                           max_retries=max_retries, n_shards=n_shards,
+                           memory_budget_bytes=memory_budget_bytes)
+
+    def upsert(self, data: Data, *, token: Optional[str] = None,
+               metadata: Optional[Dict[str, Any]] = None, frontier: Optional[int] = None,
+               max_retries: int = DEFAULT_MAX_RETRIES, n_shards: Optional[int] = None,
+               memory_budget_bytes: Optional[int] = None) -> int:
+        """Inserts rows, or replaces the live row with the same key, in one commit.
+
+        The keys are resolved against the version the commit lands on (a lost
+        race re-resolves them on the winner's version), so at every version a
+        key has at most one live row and the last committer wins. The commit
+        holds the new superfiles plus deletion vectors for the rows replaced;
+        older versions still read their own rows. Finding the rows reads only
+        the key columns of superfiles whose key range and bloom filter may
+        hold one of the keys.
+
+        Args:
+            token, metadata, frontier, max_retries, n_shards,
+                memory_budget_bytes: as for ``append``.
+
+        Returns:
+            The version holding the upsert (this handle moves to it).
+
+        Raises:
+            SchemaMismatchError: the table has no primary key, or the rows do
+                not fit the schema (a null key names its row).
+            DuplicateKeyError: a key appears twice in ``data``; nothing is written.
+            FrontierError: ``frontier`` is below the table's.
+        """
+        if not self.primary_key:
+            raise SchemaMismatchError(
+                f"{self.uri}: upsert needs a keyed table; this one has no primary key "
+                f"(create it with primary_key=...), use append")
+        return self._write(data, "upsert", token=token, metadata=metadata, frontier=frontier,
+                           max_retries=max_retries, n_shards=n_shards,
+                           memory_budget_bytes=memory_budget_bytes)
+
+    def _write(self, data: Data, operation: str, *, token, metadata, frontier, max_retries,
+               n_shards, memory_budget_bytes) -> int:
+        """append and upsert: validate, upload once, commit with keys resolved per base."""
+        frontier = self._frontier_arg(frontier, token)
         vp = self._vector_props()
         table = conform(self.uri, data, self.user_schema, vp["column"] if vp else None)
-        if table.num_rows == 0:
-            return self.version
         if memory_budget_bytes is not None:
             need = table.nbytes * APPEND_MEMORY_FACTOR
             if need > memory_budget_bytes:
                 raise MemoryBudgetError(
-                    f"{self.uri}: append of {table.num_rows:,} rows needs about {need:,} bytes "
-                    f"({APPEND_MEMORY_FACTOR}x its {table.nbytes:,} Arrow bytes); the budget is "
-                    f"{memory_budget_bytes:,}. Append in smaller batches.")
+                    f"{self.uri}: {operation} of {table.num_rows:,} rows needs about {need:,} "
+                    f"bytes ({APPEND_MEMORY_FACTOR}x its {table.nbytes:,} Arrow bytes); the "
+                    f"budget is {memory_budget_bytes:,}. Write in smaller batches.")
+        keys = None
+        if self.primary_key:
+            keys = KeyBatch(table, self.primary_key)
+            keys.check_unique(self.uri, operation)
+        mutation = Mutation(self, operation, keys=keys, refuse_live=operation == "append",
+                            frontier=frontier, token=token, metadata=metadata,
+                            base_version=self.version)
+        if table.num_rows == 0:
+            if frontier is None:
+                return self.version
+            return self.commit(CommitRequest(operation=operation, token=token),
+                               max_retries=max_retries, rebuild=mutation.request)
+        if operation == "append" and keys is not None and token is None:
+            # Refuse live keys before uploading anything; the commit checks
+            # again on the version it lands on. (With a token, the commit
+            # first looks for the token: a retried append that already
+            # landed finds its own keys live.)
+            mutation.request(self._snapshot)
         for attempt in range(2):
             entries, stamp = self.write_superfiles(table, n_shards=n_shards, conformed=True)
             request = CommitRequest(
-                operation="append", add_entries=tuple(entries), set_properties=stamp,
-                token=token, metadata=dict(metadata or {}), base_version=self.version)
+                operation=operation, add_entries=tuple(entries), set_properties=stamp,
+                token=token, base_version=self.version)
+            rebuild = functools.partial(mutation.request, entries=tuple(entries), stamp=stamp)
             try:
-                return self.commit(request, max_retries=max_retries)
+                return self.commit(request, max_retries=max_retries, rebuild=rebuild)
             except CommitFailedError:
                 raise  # out of retries: rebuilding would not help
             except CommitConflictError:
                 if not stamp or attempt:
                     raise
                 # Another writer stamped its grid first: rebuild against it.
-                _LOG.info("%s: a concurrent append stamped the grid; re-assigning cells", self.uri)
+                _LOG.info("%s: a concurrent %s stamped the grid; re-assigning cells",
+                          self.uri, operation)
                 self.refresh()
                 self._grid = None
         raise AssertionError("unreachable")
+
+    def _frontier_arg(self, frontier, token: Optional[str]) -> Optional[int]:
+        """``frontier`` checked for type and, before anything is written, against
+        this handle's version (with a token, the commit checks it after looking
+        for the token: a retry of a commit that landed returns that version)."""
+        if frontier is None:
+            return None
+        if isinstance(frontier, bool) or not isinstance(frontier, (int, np.integer)):
+            raise TypeError(f"{self.uri}: frontier must be an int (microseconds since the "
+                            f"epoch) or None, got {frontier!r}")
+        frontier = int(frontier)
+        if token is None:
+            check_frontier(self.uri, frontier, self.frontier, self.version)
+        return frontier
 
     def write_superfiles(self, data: Data, *, n_shards: Optional[int] = None,
                          conformed: bool = False) -> tuple:
@@ -303,26 +415,30 @@ class Supertable:
         self._snapshot = self._manifest.commit(request, **kwargs)
         return self._snapshot.version
 
-    def delete(self, filter: pc.Expression, *, token: Optional[str] = None) -> int:  # noqa: A002
-        """Deletes the rows matching ``filter`` with deletion vectors, in one commit."""
-        add, expected, count = {}, {}, 0
-        for e in self.superfiles():
-            if not may_match(e, filter, self.schema):
-                continue
-            rows = np.where(mask(self._reader(e).read(), filter))[0]
-            rows = np.setdiff1d(rows, self._deleted_rows(e))
-            if len(rows) == 0:
-                continue
-            path = dv.new_path()
-            self._store.put_if_absent(path, dv.encode(rows))
-            add[e["id"]] = path
-            expected[e["id"]] = len(self._snapshot.deletes.get(e["id"], []))
-            count += len(rows)
-        if not add:
-            return self.version
-        return self.commit(CommitRequest(operation="delete", add_deletes=add,
-                                         expected_deletes=expected, deleted_rows=count,
-                                         token=token, base_version=self.version))
+    def delete(self, filter: pc.Expression, *, token: Optional[str] = None,  # noqa: A002
+               metadata: Optional[Dict[str, Any]] = None, frontier: Optional[int] = None,
+               max_retries: int = DEFAULT_MAX_RETRIES) -> int:
+        """Deletes the rows matching ``filter`` with deletion vectors, in one commit.
+
+        The filter is resolved against the version the commit lands on (the
+        latest; a lost race re-evaluates it on the superfiles added since), so
+        a delete never misses a matching row visible when it committed.
+        Deleting by key: ``delete(pc.field("id").isin([...]))``.
+
+        Returns:
+            The version holding the delete, or the latest version when no
+            row matched (nothing is committed then, unless ``frontier``
+            moves the table's frontier).
+
+        Raises:
+            FrontierError: ``frontier`` is below the table's.
+        """
+        mutation = Mutation(self, "delete", filter=filter,
+                            frontier=self._frontier_arg(frontier, token), token=token,
+                            metadata=metadata, base_version=self.version)
+        return self.commit(CommitRequest(operation="delete", token=token,
+                                         base_version=self.version),
+                           max_retries=max_retries, rebuild=mutation.request)
 
     def vacuum(self, *, retain_versions: int = 10,
                older_than: Union[float, datetime.timedelta, None] = None,
@@ -349,8 +465,8 @@ class Supertable:
 
         return self._cache.get_or_load(("reader", entry["path"]), load)
 
-    def _deleted_rows(self, entry: dict) -> np.ndarray:
-        paths = tuple(self._snapshot.deletes.get(entry["id"], ()))
+    def _deleted_rows(self, entry: dict, snapshot: Optional[Snapshot] = None) -> np.ndarray:
+        paths = tuple((snapshot or self._snapshot).deletes.get(entry["id"], ()))
         if not paths:
             return np.zeros(0, np.int64)
 

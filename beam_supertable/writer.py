@@ -21,6 +21,7 @@ from beam_supertable import superfile
 from beam_supertable.digest import row_digest
 from beam_supertable.filters import column_stats, null_counts
 from beam_supertable.ids import new_ids
+from beam_supertable.keys import key_stats
 from beam_supertable.schema import ID
 from beam_supertable.store import ObjectStore
 from beam_supertable.superfile import VectorSpec
@@ -39,6 +40,7 @@ class Layout:
     stop_words: FrozenSet[str]
     replica_factor: float = 0.0
     target_bytes: int = TARGET_SUPERFILE_BYTES
+    primary_key: Sequence[str] = ()
 
 
 def shard_count(table: pa.Table, layout: Layout, n_shards: Optional[int]) -> int:
@@ -67,7 +69,9 @@ def build_and_upload(store: ObjectStore, table: pa.Table, layout: Layout,
     full = table.add_column(0, pa.field(ID, pa.int64(), nullable=False), pa.array(ids))
     data, summary = superfile.build(
         full, vector=layout.vector, cells=cells, replica_cells=replicas,
-        fts_columns=layout.fts_columns, stop_words=layout.stop_words)
+        fts_columns=layout.fts_columns, stop_words=layout.stop_words,
+        key_columns=layout.primary_key)
+    section = summary.pop("key_section", None)
     sf = uuid.uuid4().hex
     path = f"{DATA}/{sf}.sf.parquet"
     store.put_if_absent(path, data)
@@ -80,6 +84,12 @@ def build_and_upload(store: ObjectStore, table: pa.Table, layout: Layout,
         "digest": row_digest(table),   # what the rows are, for commit fingerprints
         **summary,
     }
+    if layout.primary_key and table.num_rows:
+        # Key range and bloom filter: an upsert finds where its keys live
+        # from the manifest and reads only those superfiles' key columns.
+        entry["keys"] = key_stats(table, layout.primary_key)
+        if section is not None:
+            entry["keys"]["section"] = section
     if grid_id is not None:
         entry["grid"] = grid_id
     return entry

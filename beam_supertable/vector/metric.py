@@ -44,6 +44,16 @@ def nearest(queries: np.ndarray, points: np.ndarray, metric: str, k: int,
     """Indices of the ``k`` nearest points for each query, nearest first."""
     k = min(k, len(points))
     out = np.empty((len(queries), k), dtype=np.int64)
+    if k == 1:
+        # Cell assignment: the nearest point maximizes q·p (- |p|²/2 for l2),
+        # one pass over the products; argpartition on full distances cost ~5x.
+        half = 0.5 * np.einsum("ij,ij->i", points, points) if metric == "l2" else None
+        for start in range(0, len(queries), chunk):
+            score = queries[start:start + chunk] @ points.T
+            if half is not None:
+                score -= half
+            out[start:start + chunk, 0] = score.argmax(axis=1)
+        return out
     for start in range(0, len(queries), chunk):
         d = distances(queries[start:start + chunk], points, metric)
         if k < d.shape[1]:
