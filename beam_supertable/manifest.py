@@ -46,7 +46,7 @@ from beam_supertable import ids
 from beam_supertable.digest import combine
 from beam_supertable.errors import (
     AlreadyExists, CommitConflictError, CommitFailedError, CorruptManifestError,
-    NotATableError, SchemaMismatchError, SupertableError, TableExistsError, TokenReuseError,
+    NotATableError, SchemaMismatchError, StoreIOError, SupertableError, TableExistsError, TokenReuseError,
     VersionNotFoundError)
 from beam_supertable.store import ObjectStore
 
@@ -151,6 +151,8 @@ def _transient(exc: BaseException) -> bool:
     """
     if isinstance(exc, CorruptManifestError):
         return True   # a truncated read; a corrupt object fails every retry, then says so
+    if isinstance(exc, StoreIOError):
+        return True   # failed in transit after the store's own retries; may have landed
     if isinstance(exc, SupertableError):
         return False
     if isinstance(exc, (TimeoutError, ConnectionError)):

@@ -9,6 +9,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+
+from beam_supertable import TokenReuseError
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 from hypothesis import HealthCheck, given, settings
@@ -433,7 +435,9 @@ def test_a_retried_write_whose_token_landed_returns_its_version(tmp_path):
     v3 = t.delete(pc.field("id") == 1, token="batch-3", frontier=30)
     retry = Supertable.open(uri)
     assert retry.append(_rows([1, 2], "a")[0], token="batch-1", frontier=10) == v1
-    assert retry.upsert(_rows([2, 3], "c")[0], token="batch-2", frontier=20) == v2
+    assert retry.upsert(_rows([2, 3], "b")[0], token="batch-2", frontier=20) == v2
+    with pytest.raises(TokenReuseError):  # the same token over other rows is not a retry
+        retry.upsert(_rows([2, 3], "c")[0], token="batch-2", frontier=20)
     assert retry.delete(pc.field("id") == 2, token="batch-3", frontier=30) == v3
     t = Supertable.open(uri)
     assert t.version == v3 and _live(t) == {2: "b word2", 3: "b word3"} and t.frontier == 30
