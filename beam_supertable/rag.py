@@ -454,31 +454,37 @@ class _Query(NamedTuple):
     text: Optional[str]
 
 
-class _Carried:
-    """A request or response 2.62's Enrichment can call ``_asdict()`` on.
+_CHUNK_KEY = "chunk"
 
-    That release joins ``request._asdict()`` with ``response._asdict()``;
-    ``join_fn`` takes the chunk and its results back out of the two dicts.
+
+def _plain(chunk: Chunk, **changes: Any) -> Chunk:
+    """A new ``Chunk`` (never a subclass) with the fields of ``chunk`` and ``changes``."""
+    return Chunk(**{**{f.name: getattr(chunk, f.name) for f in dataclasses.fields(Chunk)},
+                    **changes})
+
+
+class _Results(dict):
+    """One request's results: a dict that 2.62's Enrichment can call ``_asdict()`` on.
+
+    That release joins ``request._asdict()`` with ``response._asdict()``
+    whatever the handler; ``join_fn`` takes the results back out.
     """
 
-    __slots__ = ("key", "value")
+    def _asdict(self) -> Dict[str, Any]:
+        return {ENRICHMENT_KEY: dict(self)}
 
-    def __init__(self, key: str, value: Any) -> None:
-        self.key, self.value = key, value
+
+@dataclass
+class _ChunkRequest(Chunk):
+    """The request Chunk, answered so that 2.62's Enrichment can call ``_asdict()`` on it."""
 
     def _asdict(self) -> Dict[str, Any]:
-        return {self.key: self.value}
-
-    def __reduce__(self):
-        return _Carried, (self.key, self.value)
-
-
-_CHUNK_KEY = "chunk"
+        return {_CHUNK_KEY: _plain(self)}
 
 
 def _enriched(chunk: Chunk, data: Dict[str, Any]) -> Chunk:
     # A copy: the request may be shared with other branches of the pipeline.
-    return dataclasses.replace(chunk, metadata={**chunk.metadata, ENRICHMENT_KEY: data})
+    return _plain(chunk, metadata={**chunk.metadata, ENRICHMENT_KEY: dict(data)})
 
 
 def join_fn(left: Any, right: Any) -> Any:
@@ -739,9 +745,10 @@ class SupertableSearchEnrichmentHandler(EnrichmentSourceHandler):
     @staticmethod
     def _pair(request: Any, data: Dict[str, list]) -> Tuple[Any, Any]:
         if isinstance(request, Chunk):
-            if _ENRICHMENT_TAKES_HANDLER_JOIN:
-                return request, data
-            return _Carried(_CHUNK_KEY, request), _Carried(ENRICHMENT_KEY, data)
+            if not _ENRICHMENT_TAKES_HANDLER_JOIN and not hasattr(request, "_asdict"):
+                request = _ChunkRequest(**{f.name: getattr(request, f.name)
+                                           for f in dataclasses.fields(Chunk)})
+            return request, _Results(data)
         return request, beam.Row(**{ENRICHMENT_KEY: data})
 
     def display_data(self):
