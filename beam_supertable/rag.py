@@ -117,7 +117,7 @@ except ImportError:  # apache-beam 2.62 has no ingestion package
 
 __all__ = [
     "CONTENT_COLUMN", "EMBEDDING_COLUMN", "ENRICHMENT_IMPORT_ERROR", "ENRICHMENT_KEY", "ID_COLUMN",
-    "METADATA_COLUMN",
+    "METADATA_COLUMN", "EnrichWithSupertable",
     "InvalidQueryError", "SupertableSearchEnrichmentHandler", "SupertableVectorWriterConfig",
     "chunk_schema", "join_fn",
 ]
@@ -755,3 +755,56 @@ class SupertableSearchEnrichmentHandler(EnrichmentSourceHandler):
         return {"uri": DisplayDataItem(self._uri, label="Table"),
                 "mode": DisplayDataItem(self._mode, label="Search mode"),
                 "k": DisplayDataItem(self._k, label="Results per request")}
+
+
+class _AskHandler(beam.DoFn):
+    """Calls the handler once per batch, as RequestResponseIO's call step does."""
+
+    def __init__(self, handler: SupertableSearchEnrichmentHandler) -> None:
+        self._handler = handler
+
+    def setup(self):
+        self._handler.__enter__()
+        self._requests = Metrics.counter(NAMESPACE, "requests")
+
+    def process(self, batch):
+        batch = list(batch)
+        self._requests.inc(len(batch))
+        for request, response in self._handler(batch):
+            yield self._handler.join_fn(request, response)
+
+    def teardown(self):
+        self._handler.__exit__(None, None, None)
+
+
+class EnrichWithSupertable(beam.PTransform):
+    """``Enrichment(handler, join_fn=handler.join_fn)`` without Beam's Enrichment module.
+
+    Beam's ``Enrichment`` imports google-api-core (apache-beam 2.62 also
+    google-cloud-aiplatform), which plain apache-beam does not install. This
+    transform batches the requests as the handler asks (``BatchElements``),
+    calls it once per batch on a handle opened once per worker, and joins
+    with ``handler.join_fn``: the same output, without Enrichment's
+    throttling, retries and cache (a table read retries in the store).
+
+    Example::
+
+        answered = questions | EnrichWithSupertable(
+            SupertableSearchEnrichmentHandler("out/chunks", k=3))
+    """
+
+    def __init__(self, handler: SupertableSearchEnrichmentHandler,
+                 label: Optional[str] = None) -> None:
+        super().__init__(label)
+        if not isinstance(handler, SupertableSearchEnrichmentHandler):
+            raise TypeError(f"EnrichWithSupertable: expected a SupertableSearchEnrichmentHandler, "
+                            f"got {type(handler).__name__}")
+        self._handler = handler
+
+    def expand(self, requests):
+        return (requests
+                | "Batch" >> beam.BatchElements(**self._handler.batch_elements_kwargs())
+                | "Search" >> beam.ParDo(_AskHandler(self._handler)))
+
+    def display_data(self):
+        return self._handler.display_data()
