@@ -26,6 +26,7 @@ from beam_supertable.transforms import NAMESPACE as TABLE_NAMESPACE
 from beam_supertable.transforms import WriteToSupertable
 from beam_supertable.vector.metric import METRICS
 from pipelines import flink
+from pipelines.options import add_job_argument
 from pipelines.file_rows import (
     BAD_TAG, FORMATS, coerce_row, dead_letter, format_of, infer_schema, parse_schema, read_rows)
 from pipelines.io_formats import JOB_NAMESPACE, to_json
@@ -42,44 +43,44 @@ class LoadSupertableOptions(PipelineOptions):
 
     @classmethod
     def _add_argparse_args(cls, parser):
-        parser.add_argument(
-            "--input", default=None,
+        add_job_argument(
+            parser, "--input", default=None,
             help="Files to load (a path or glob): Parquet, JSON lines or CSV with a header. "
                  "Default: the sample examples/chunks.jsonl.")
-        parser.add_argument(
-            "--format", choices=("auto",) + FORMATS, default="auto",
+        add_job_argument(
+            parser, "--format", choices=("auto",) + FORMATS, default="auto",
             help="Input format (default: by extension).")
-        parser.add_argument(
-            "--table", default=DEFAULT_TABLE,
+        add_job_argument(
+            parser, "--table", default=DEFAULT_TABLE,
             help="The supertable (local path, memory://, s3://...); created when absent "
                  "(default: %(default)s).")
-        parser.add_argument(
-            "--schema", default=None,
+        add_job_argument(
+            parser, "--schema", default=None,
             help="Columns of a new table, e.g. 'id:string,body:string,emb:float32[384]' "
                  "(default: inferred from the first file).")
-        parser.add_argument(
-            "--vector-column", "--vector_column", dest="vector_column", default=None,
+        add_job_argument(
+            parser, "--vector-column", "--vector_column", dest="vector_column", default=None,
             help="Column to vector-index when creating the table (default with the sample: "
                  f"{SAMPLE_VECTOR_COLUMN}).")
-        parser.add_argument(
-            "--metric", choices=METRICS, default="l2",
+        add_job_argument(
+            parser, "--metric", choices=METRICS, default="l2",
             help="Vector metric of a new table (default: %(default)s).")
-        parser.add_argument(
-            "--text-columns", "--text_columns", dest="text_columns", default=None,
+        add_job_argument(
+            parser, "--text-columns", "--text_columns", dest="text_columns", default=None,
             help="Comma-separated string columns to text-index when creating the table "
                  f"(default with the sample: {SAMPLE_TEXT_COLUMNS}).")
-        parser.add_argument(
-            "--n-cells", "--n_cells", dest="n_cells", type=int, default=None,
+        add_job_argument(
+            parser, "--n-cells", "--n_cells", dest="n_cells", type=int, default=None,
             help="Vector grid cells of a new table (default: about sqrt(rows)).")
-        parser.add_argument(
-            "--n-shards", "--n_shards", dest="n_shards", type=int, default=None,
+        add_job_argument(
+            parser, "--n-shards", "--n_shards", dest="n_shards", type=int, default=None,
             help="Superfiles to write (default: by input size).")
-        parser.add_argument(
-            "--job-id", "--job_id", dest="job_id", default=None,
+        add_job_argument(
+            parser, "--job-id", "--job_id", dest="job_id", default=None,
             help="A stable id (say, the batch's name) makes a rerun of the same load commit "
                  "nothing new.")
-        parser.add_argument(
-            "--dead-letters", "--dead_letters", dest="dead_letters", default=None,
+        add_job_argument(
+            parser, "--dead-letters", "--dead_letters", dest="dead_letters", default=None,
             help="JSON lines file of rows not loaded, with the reason (default: "
                  "<table>.invalid.jsonl for a local table, else out/load_supertable.invalid.jsonl).")
 

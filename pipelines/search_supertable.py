@@ -39,6 +39,7 @@ from beam_supertable.rag import (
     DEFAULT_MAX_BATCH_SIZE, ENRICHMENT_KEY, MODES, EnrichWithSupertable,
     SupertableSearchEnrichmentHandler)
 from pipelines import flink
+from pipelines.options import add_job_argument
 from pipelines.file_rows import (
     BAD_TAG, FORMATS, dead_letter, finite_vector, format_of, read_rows)
 from pipelines.io_formats import JOB_NAMESPACE, to_json
@@ -91,36 +92,36 @@ class SearchSupertableOptions(PipelineOptions):
 
     @classmethod
     def _add_argparse_args(cls, parser):
-        parser.add_argument(
-            "--queries", default=None,
+        add_job_argument(
+            parser, "--queries", default=None,
             help="Queries (a path or glob): JSON lines, Parquet or CSV rows with id, text "
                  "and/or vector. Default: the sample examples/queries.jsonl.")
-        parser.add_argument(
-            "--format", choices=("auto",) + FORMATS, default="auto",
+        add_job_argument(
+            parser, "--format", choices=("auto",) + FORMATS, default="auto",
             help="Format of the queries (default: by extension).")
-        parser.add_argument(
-            "--table", default=DEFAULT_TABLE, help="The supertable (default: %(default)s).")
-        parser.add_argument(
-            "--output", default=DEFAULT_OUTPUT,
+        add_job_argument(
+            parser, "--table", default=DEFAULT_TABLE, help="The supertable (default: %(default)s).")
+        add_job_argument(
+            parser, "--output", default=DEFAULT_OUTPUT,
             help="Results, one JSON line per query (default: %(default)s). Malformed queries "
                  "go to <output>.invalid.jsonl.")
-        parser.add_argument(
-            "--k", type=int, default=DEFAULT_K, help="Results per query (default: %(default)s).")
-        parser.add_argument(
-            "--mode", choices=MODES, default="auto",
+        add_job_argument(
+            parser, "--k", type=int, default=DEFAULT_K, help="Results per query (default: %(default)s).")
+        add_job_argument(
+            parser, "--mode", choices=MODES, default="auto",
             help="vector, text, hybrid, or auto: each query by what it carries, both -> hybrid "
                  "(default: %(default)s).")
-        parser.add_argument(
-            "--filter", default=None,
+        add_job_argument(
+            parser, "--filter", default=None,
             help="Rows must pass, e.g. 'topic == \"space\" and year >= 2010'.")
-        parser.add_argument(
-            "--columns", default=None,
+        add_job_argument(
+            parser, "--columns", default=None,
             help="Comma-separated columns to return (default: all but the vector).")
-        parser.add_argument(
-            "--nprobe", type=int, default=None,
+        add_job_argument(
+            parser, "--nprobe", type=int, default=None,
             help="Vector cells probed per query (default: the table's).")
-        parser.add_argument(
-            "--batch-size", "--batch_size", dest="batch_size", type=int,
+        add_job_argument(
+            parser, "--batch-size", "--batch_size", dest="batch_size", type=int,
             default=DEFAULT_MAX_BATCH_SIZE,
             help="Most queries per search call (default: %(default)s).")
 
