@@ -43,6 +43,11 @@ contract) nor handler-supplied joins: its ``Enrichment`` ignores a handler's
 ``join_fn`` and calls ``_asdict()`` on requests and responses. Passing
 ``join_fn=handler.join_fn`` explicitly gives the same output on 2.62 and on
 newer releases (where ``Enrichment(handler)`` alone also works).
+
+Beam's ``Enrichment`` module imports google-api-core (apache-beam 2.62 also
+google-cloud-aiplatform), which plain apache-beam does not install; where it
+does not import, ``Enrichment`` here is None (``ENRICHMENT_IMPORT_ERROR`` says
+why) and ``EnrichWithSupertable(handler)`` gives the same output.
 """
 
 from __future__ import annotations
@@ -51,7 +56,6 @@ import contextlib
 import dataclasses
 import inspect
 import json
-import logging
 import threading
 import time
 import uuid
@@ -66,6 +70,12 @@ import pyarrow.compute as pc
 from apache_beam import pvalue
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.display import DisplayDataItem
+
+from beam_supertable.errors import SchemaMismatchError, SupertableError, TableExistsError
+from beam_supertable.schema import ID as ROW_ID
+from beam_supertable.table import Supertable
+from beam_supertable.transforms import INVALID_TAG, CommitResult, WriteResult, WriteToSupertable
+from beam_supertable.vector.metric import check_metric
 
 try:
     from apache_beam.ml.rag.types import Chunk
@@ -99,11 +109,6 @@ except ImportError as exc:
         """Beam's ``cross_join``: the right row's fields join the left's (left wins)."""
         return beam.Row(**{**right, **left})
 
-from beam_supertable.errors import SchemaMismatchError, SupertableError, TableExistsError
-from beam_supertable.schema import ID as ROW_ID
-from beam_supertable.table import Supertable
-from beam_supertable.transforms import INVALID_TAG, CommitResult, WriteResult, WriteToSupertable
-from beam_supertable.vector.metric import check_metric
 
 try:
     from apache_beam.ml.rag.ingestion.base import VectorDatabaseWriteConfig as _WriteConfigBase
@@ -115,14 +120,13 @@ except ImportError:  # apache-beam 2.62 has no ingestion package
         def create_write_transform(self) -> beam.PTransform:
             """A PTransform that writes a PCollection of Chunks."""
 
+
 __all__ = [
     "CONTENT_COLUMN", "EMBEDDING_COLUMN", "ENRICHMENT_IMPORT_ERROR", "ENRICHMENT_KEY", "ID_COLUMN",
-    "METADATA_COLUMN", "EnrichWithSupertable",
-    "InvalidQueryError", "SupertableSearchEnrichmentHandler", "SupertableVectorWriterConfig",
-    "chunk_schema", "join_fn",
+    "METADATA_COLUMN", "EnrichWithSupertable", "InvalidQueryError",
+    "SupertableSearchEnrichmentHandler", "SupertableVectorWriterConfig", "chunk_schema", "join_fn",
 ]
 
-_LOG = logging.getLogger(__name__)
 NAMESPACE = "beam_supertable.rag"
 ID_COLUMN = "id"
 CONTENT_COLUMN = "content"
@@ -352,7 +356,10 @@ class _CreateFromFirstChunk(beam.DoFn):
                 storage_options=c.storage_options)
         except TableExistsError:  # a concurrent writer, or a retry of this bundle
             table = Supertable.open(c.uri, storage_options=c.storage_options)
-        dim = table.properties["vector"]["dim"]
+        dim = (table.properties.get("vector") or {}).get("dim")
+        if dim is None or not table.user_schema.equals(c.schema(dim)):
+            raise SchemaMismatchError(f"SupertableVectorWriterConfig: the table at {c.uri!r}, "
+                                      f"created meanwhile, is not a chunk table for this config")
         good = []
         for row in rows:
             if len(row[EMBEDDING_COLUMN]) == dim:

@@ -137,6 +137,15 @@ def plan(job: LoadSupertableOptions) -> Plan:
         if job.schema and not parse_schema(job.schema).equals(table.user_schema):
             raise ValueError(f"--schema does not match the table at {job.table!r}, which has:\n"
                              f"{table.user_schema}")
+        vp, fts = table.properties.get("vector"), table.properties.get("fts")
+        held_vector = vp["column"] if vp else None
+        if job.vector_column and job.vector_column != held_vector:
+            raise ValueError(f"--vector-column {job.vector_column!r}: the table at {job.table!r} "
+                             f"indexes {held_vector!r}")
+        held_text = fts["columns"] if fts else []
+        if job.text_columns and _columns(job.text_columns) != held_text:
+            raise ValueError(f"--text-columns {job.text_columns!r}: the table at {job.table!r} "
+                             f"indexes {held_text}")
         return Plan(pattern, fmt, table.user_schema, {})
     vector = job.vector_column or (SAMPLE_VECTOR_COLUMN if sample else None)
     text = _columns(job.text_columns or (SAMPLE_TEXT_COLUMNS if sample else None))

@@ -405,3 +405,30 @@ def test_write_to_supertable_then_search_any_table(tmp_path):
     _, data = SupertableSearchEnrichmentHandler(uri, mode="text", k=1)(make_chunk("q", "galaxy"))
     assert data["fields"][0]["title"] == BY_ID["c15"].content.text
     assert isinstance(data["id"][0], int)  # the row's _id: the table has no id column
+
+
+def test_the_example_runs_as_a_script(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    table = str(tmp_path / "rag_chunks")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the script finds its repo
+    done = subprocess.run([sys.executable, os.path.join(root, "examples", "rag_pipeline.py"),
+                           "--table", table], capture_output=True, text=True, timeout=300,
+                          cwd=str(tmp_path), env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    answers = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("Q: "):
+            question = line[3:]
+            answers[question] = []
+        elif line.startswith("   - "):
+            answers[question].append(line[5:])
+    assert answers["what pulls the oceans"][0] == \
+        "Tides rise and fall because the moon pulls on the oceans."
+    assert answers["how do kittens learn to hunt"][0] == \
+        "Kittens learn to hunt by playing with their siblings."
+    assert "Bread dough rises because yeast makes gas." in answers["why does bread dough rise"]
+    assert Supertable.open(table).count_rows() == 11

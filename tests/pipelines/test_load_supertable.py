@@ -140,6 +140,8 @@ def test_an_existing_table_is_appended_to_and_a_job_id_loads_once(tmp_path):
     assert Supertable.open(table).count_rows() == 2 * first["rows_committed"]
     with pytest.raises(ValueError, match="--schema does not match the table"):
         load_supertable.run(["--table", table, "--schema", "id:string"])
+    with pytest.raises(ValueError, match="the table at .* indexes 'embedding'"):
+        load_supertable.run(["--table", table, "--vector-column", "vec"])
 
 
 def test_settings_are_checked_before_anything_runs(tmp_path):
