@@ -19,6 +19,7 @@ from apache_beam.utils.timestamp import Timestamp
 from beam_upsert import Upsert
 from beam_upsert.metrics import NAMESPACE
 from pipelines import flink
+from pipelines.options import add_job_argument
 from pipelines.io_formats import (
     BAD_TAG, CHANGE_SCHEMA, JOB_NAMESPACE, ChangeToRow, ParseCommand, ParseSnapshot,
     change_to_parquet_row, is_parquet, read_rows, to_json)
@@ -34,23 +35,23 @@ class UpsertChangesOptions(PipelineOptions):
 
     @classmethod
     def _add_argparse_args(cls, parser):
-        parser.add_argument(
-            "--commands", default=None,
+        add_job_argument(
+            parser, "--commands", default=None,
             help="Upsert commands: JSON lines or Parquet (file or glob). "
                  "Default: the sample in examples/.")
-        parser.add_argument(
-            "--prior", default=None,
+        add_job_argument(
+            parser, "--prior", default=None,
             help="Optional snapshot of (key, value) rows as of --resume-at: JSON lines or "
                  "Parquet. Default with the sample commands: examples/prior.jsonl.")
-        parser.add_argument(
-            "--resume-at", "--resume_at", dest="resume_at", type=float, default=None,
+        add_job_argument(
+            parser, "--resume-at", "--resume_at", dest="resume_at", type=float, default=None,
             help="Seconds since the epoch; commands earlier than this are already persisted.")
-        parser.add_argument(
-            "--output", default=DEFAULT_OUTPUT,
+        add_job_argument(
+            parser, "--output", default=DEFAULT_OUTPUT,
             help="Changelog path: .jsonl or .parquet (default: %(default)s). Malformed "
                  "input lines go to <output>.invalid.jsonl.")
-        parser.add_argument(
-            "--flavor", choices=("auto", "grouped", "stateful"), default="auto",
+        add_job_argument(
+            parser, "--flavor", choices=("auto", "grouped", "stateful"), default="auto",
             help="Upsert flavor (default: %(default)s).")
 
 
