@@ -190,7 +190,7 @@ def run(argv: Optional[List[str]] = None) -> dict:
         epilog="Any Beam pipeline option (--runner, --flink_master, ...) is accepted too.")
     LoadSupertableOptions._add_argparse_args(parser)
     parser.parse_known_args(argv)
-    options = flink.fill_defaults(PipelineOptions(argv))
+    options = flink.fill_defaults(PipelineOptions(argv), argv)
     job = options.view_as(LoadSupertableOptions)
     if "://" not in job.table:
         os.makedirs(os.path.dirname(os.path.abspath(job.table)), exist_ok=True)

@@ -236,7 +236,7 @@ def run(argv: Optional[List[str]] = None) -> dict:
         epilog="Any Beam pipeline option (--runner, --flink_master, ...) is accepted too.")
     SearchSupertableOptions._add_argparse_args(parser)
     parser.parse_known_args(argv)
-    options = flink.fill_defaults(PipelineOptions(argv))
+    options = flink.fill_defaults(PipelineOptions(argv), argv)
     job = options.view_as(SearchSupertableOptions)
     os.makedirs(os.path.dirname(os.path.abspath(job.output)), exist_ok=True)
     p = beam.Pipeline(options=options)
