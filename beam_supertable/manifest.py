@@ -596,6 +596,13 @@ class Manifest:
                 step = "loading the latest version"
                 if base is None:
                     base = self.load()
+                if attempted and req.token is None:
+                    # Without a token, a create of ours whose answer (and read-back)
+                    # was lost is found by the commit info we sent, never committed twice.
+                    step = "looking for this call's own earlier create"
+                    mine = self._own_landed(attempted, base)
+                    if mine is not None:
+                        return mine
                 if req.token is not None:
                     step = f"looking for token {req.token!r}"
                     landed = self._find_token(req.token, base, req.base_version)
@@ -646,6 +653,16 @@ class Manifest:
             self._sleep(delay)
             attempt += 1
             base = self._reload(base)
+
+    def _own_landed(self, attempted: Dict[int, Dict[str, Any]],
+                    base: Snapshot) -> Optional[Snapshot]:
+        """The version this call created in an earlier attempt, if one landed."""
+        for version in sorted(v for v in attempted if v <= base.version):
+            doc = self._try_version(version)
+            if doc is not None and doc.get("commit") == attempted[version]:
+                self._write_hint(version)
+                return self._snapshot(doc)
+        return None
 
     def _landed(self, req: CommitRequest, fingerprint: Dict[str, Any], landed: Snapshot,
                 base: Snapshot, attempted: Dict[int, Dict[str, Any]]) -> Snapshot:
@@ -769,9 +786,10 @@ class Manifest:
             removed.append(path)
             removed_bytes += info.size
         if not dry_run:
-            # Data first, versions last: a crash midway leaves every kept
-            # version whole.
-            for path in sorted(removed, key=lambda p: p.startswith(VERSIONS)):
+            # Versions first (oldest first), then what only they referenced: a
+            # vacuum cut short leaves orphans, never a listed version whose
+            # parts or data are gone. Kept versions reference nothing removed.
+            for path in sorted(removed, key=lambda p: (not p.startswith(VERSIONS), p)):
                 self.store.delete(path)
         return VacuumReport(tuple(sorted(removed_versions)), tuple(sorted(removed)),
                             removed_bytes, tuple(sorted(keep)))

@@ -283,12 +283,6 @@ def test_a_create_that_never_got_through_fails_clearly_and_the_retry_lands(
     check_table(uri, s3_options(fault_proxy.upstream))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "manifest.py: a token-less commit whose version create failed in transit after "
-    "landing, and whose immediate read-back also failed, rebases on its own landed version "
-    "in the next round and commits the same entries again (a duplicate). The loop must "
-    "recognise its own earlier document (keep what it wrote per round, or give every "
-    "commit an internal commit id and look for it) before rebasing."))
 def test_an_ambiguous_tokenless_commit_is_not_committed_twice(fault_proxy, s3_bucket, monkeypatch):
     uri = f"s3://{s3_bucket}/t"
     _fresh(uri, fault_proxy)
@@ -542,12 +536,6 @@ def test_vacuum_through_faults_keeps_every_referenced_object(fault_proxy, s3_buc
     assert objects_after < objects_before
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "manifest.py: vacuum deletes the objects it reclaims before the versions that "
-    "reference them, so a vacuum cut short (here every version delete fails) leaves "
-    "listed versions whose manifest parts are gone: history() lists them, opening them "
-    "fails. Deleting the unretained versions first (oldest first), then the objects only "
-    "they referenced, leaves nothing worse than orphans for the next vacuum."))
 def test_a_vacuum_cut_short_leaves_every_listed_version_readable(fault_proxy, s3_bucket):
     from beam_supertable.manifest import PART_FANOUT
     uri = f"s3://{s3_bucket}/vacuum"
