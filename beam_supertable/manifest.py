@@ -264,6 +264,7 @@ class CommitRequest:
     base_version: Optional[int] = None
     deleted_rows: int = 0
     expected_deletes: Dict[str, int] = dataclasses.field(default_factory=dict)
+    reset: bool = False   # the new version starts empty: ``schema`` and ``set_properties`` only
 
     def __post_init__(self) -> None:
         for entry in self.add_entries:
@@ -479,6 +480,11 @@ class Manifest:
     def _rebase(self, base: Snapshot, req: CommitRequest,
                 own_part: Optional[PartRef]) -> Dict[str, Any]:
         """Builds the next version document from ``base``; raises on a real conflict."""
+        if req.reset:
+            # An overwrite: the next version holds nothing of the base but its
+            # history (older versions still read their own rows).
+            base = dataclasses.replace(base, schema=req.schema or base.schema, properties={},
+                                       parts=(), deletes={}, totals={})
         schema = base.schema
         if req.schema is not None and not req.schema.equals(base.schema):
             if not req.allow_schema_change:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import functools
 import logging
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Literal, Optional, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 from beam_supertable import deletes as dv
 from beam_supertable.errors import (
     CommitConflictError, CommitFailedError, MemoryBudgetError, SchemaMismatchError,
-    SupertableError)
+    SupertableError, TableExistsError)
 from beam_supertable.keys import KeyBatch, check_primary_key
 from beam_supertable.manifest import (
     DEFAULT_MAX_RETRIES, CommitRequest, Manifest, Snapshot, VacuumReport)
@@ -32,7 +32,11 @@ from beam_supertable.vector import search as vector_search
 from beam_supertable.vector.metric import check_metric, nearest, prepare
 from beam_supertable.writer import TARGET_SUPERFILE_BYTES, Layout, write_superfiles
 
-__all__ = ["Supertable"]
+__all__ = ["CREATE_MODES", "CreateMode", "Metric", "Supertable"]
+
+CreateMode = Literal["create", "exist_ok", "overwrite"]
+CREATE_MODES = ("create", "exist_ok", "overwrite")
+Metric = Literal["l2", "cosine", "dot"]
 
 _LOG = logging.getLogger(__name__)
 APPEND_MEMORY_FACTOR = 4   # peak bytes of an append ≈ this × the input's Arrow bytes
@@ -73,18 +77,24 @@ class Supertable:
 
     # -- opening ---------------------------------------------------------
     @classmethod
-    def create(cls, uri: str, schema: pa.Schema, vector_column: Optional[str] = None,
-               metric: str = "l2", fts_columns: Sequence[str] = (),
-               n_cells: Optional[int] = None, storage_options: Optional[dict] = None, *,
-               replica_factor: float = 0.0, stop_words: Sequence[str] = (),
+    def create(cls, uri: str, schema: pa.Schema, *, vector_column: Optional[str] = None,
+               metric: Metric = "l2", fts_columns: Sequence[str] = (),
+               n_cells: Optional[int] = None, storage_options: Optional[dict] = None,
+               mode: CreateMode = "create", replica_factor: float = 0.0, stop_words: Sequence[str] = (),
                target_superfile_bytes: int = TARGET_SUPERFILE_BYTES,
                single_writer: bool = False,
                cache_bytes: int = DEFAULT_CACHE_BYTES,
                primary_key: Union[str, Sequence[str], None] = None) -> "Supertable":
-        """Creates an empty table; raises TableExistsError if one is there.
+        """Creates an empty table.
 
         Args:
             schema: the user columns (``_id`` is added and reserved).
+            mode: ``"create"`` raises TableExistsError if a table is there;
+                ``"exist_ok"`` opens it instead, after checking that its schema
+                and settings are the ones given (SchemaMismatchError lists
+                what differs); ``"overwrite"`` commits a new, empty version with
+                this schema and these settings (older versions keep their rows
+                until ``vacuum``).
             primary_key: a key column or a list of them (integer, bool, date,
                 timestamp, string or binary). A keyed table holds at most one
                 live row per key at every version; key columns become
@@ -98,6 +108,8 @@ class Supertable:
             stop_words: words the tokenizer drops (none by default).
             cache_bytes: the handle's read cache budget (see the class note).
         """
+        if mode not in CREATE_MODES:
+            raise ValueError(f"{uri}: mode must be one of {CREATE_MODES}, got {mode!r}")
         if ID in schema.names:
             raise SchemaMismatchError(f"{uri}: column {ID!r} is reserved for row ids")
         check_metric(metric)
@@ -125,7 +137,36 @@ class Supertable:
                             "stop_words": sorted({w.casefold() for w in stop_words})}
         store = ObjectStore(uri, storage_options, single_writer=single_writer)
         full = pa.schema([pa.field(ID, pa.int64(), nullable=False)] + list(schema))
-        return cls(store, Manifest(store).create(full, props), cache_bytes=cache_bytes)
+        manifest = Manifest(store)
+        try:
+            return cls(store, manifest.create(full, props), cache_bytes=cache_bytes)
+        except TableExistsError:
+            if mode == "create":
+                raise
+        if mode == "overwrite":
+            snapshot = manifest.commit(CommitRequest(
+                operation="overwrite", schema=full, allow_schema_change=True,
+                set_properties=props, reset=True))
+            return cls(store, snapshot, cache_bytes=cache_bytes)
+        table = cls(store, manifest.load(), cache_bytes=cache_bytes)
+        table._check_settings(full, props)
+        return table
+
+    def _check_settings(self, schema: pa.Schema, props: Dict[str, Any]) -> None:
+        """For ``create(mode="exist_ok")``: the table must be the one described."""
+        differ = []
+        if not schema.equals(self.schema):
+            differ.append(f"schema: the table has\n{self.user_schema}\nreceived\n"
+                          f"{pa.schema([f for f in schema if f.name != ID])}")
+        held = self._snapshot.properties
+        for name in ("primary_key", "vector", "fts", "target_superfile_bytes"):
+            if held.get(name) != props.get(name):
+                differ.append(f"{name}: the table has {held.get(name)!r}, received "
+                              f"{props.get(name)!r}")
+        if differ:
+            raise SchemaMismatchError(
+                f"{self.uri}: a table exists here with other settings (mode='exist_ok' "
+                "opens it only when they agree):\n  " + "\n  ".join(differ))
 
     @classmethod
     def open(cls, uri: str, version: Optional[int] = None,
@@ -532,7 +573,8 @@ class Supertable:
             text: words rank by BM25 (OR); ``+word`` requires a word; ``"a b"``
                 requires the phrase.
             k: results per query (> 0).
-            nprobe: cells probed per vector query (default: 8% of the cells).
+            nprobe: cells probed per vector query (default
+                ``vector.search.default_nprobe``: ``ceil(0.45·sqrt(n_cells))``).
             filter: a pyarrow expression rows must pass.
             columns: user columns to return (default: all).
 

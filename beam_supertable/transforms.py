@@ -27,7 +27,7 @@ import os
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Literal, NamedTuple, Optional, Sequence, Tuple
 
 import apache_beam as beam
 import numpy as np
@@ -52,6 +52,11 @@ from beam_supertable.vector import grid as grid_mod
 from beam_supertable.writer import TARGET_SUPERFILE_BYTES, build_and_upload
 
 __all__ = ["CommitResult", "ReadFromSupertable", "WriteResult", "WriteToSupertable"]
+
+Metric = Literal["l2", "cosine", "dot"]
+METRICS = ("l2", "cosine", "dot")
+OnInvalid = Literal["dead_letter", "fail"]
+ON_INVALID = ("dead_letter", "fail")
 
 _LOG = logging.getLogger(__name__)
 NAMESPACE = "beam_supertable"
@@ -116,6 +121,7 @@ def _fail_first_attempt(stage: str, key: str) -> None:
 
 def _open_or_create(uri, schema, vector_column, metric, fts_columns, n_cells, storage_options,
                     replica_factor) -> Supertable:
+    """The table at ``uri``, created when absent; settings given must match an existing one."""
     try:
         table = Supertable.open(uri, storage_options=storage_options)
     except FileNotFoundError:
@@ -124,16 +130,28 @@ def _open_or_create(uri, schema, vector_column, metric, fts_columns, n_cells, st
                 f"WriteToSupertable: no table at {uri!r} and no schema to create one; "
                 "pass schema=pyarrow.schema([...])") from None
         try:
-            return Supertable.create(uri, schema, vector_column=vector_column, metric=metric,
-                                     fts_columns=fts_columns, n_cells=n_cells,
-                                     storage_options=storage_options,
-                                     replica_factor=replica_factor)
+            return Supertable.create(uri, schema, vector_column=vector_column,
+                                     metric=metric or "l2", fts_columns=fts_columns or (),
+                                     n_cells=n_cells, storage_options=storage_options,
+                                     replica_factor=replica_factor or 0.0)
         except TableExistsError:
             table = Supertable.open(uri, storage_options=storage_options)
     if schema is not None and not schema.equals(table.user_schema):
         raise SchemaMismatchError(
             f"WriteToSupertable: schema does not match the table at {uri!r}.\n"
             f"received:\n{schema}\nthe table has:\n{table.user_schema}")
+    vp = table.properties.get("vector") or {}
+    fp = table.properties.get("fts") or {}
+    held = {"metric": vp.get("metric"), "fts_columns": tuple(fp.get("columns", ())),
+            "n_cells": vp.get("n_cells"), "replica_factor": vp.get("replica_factor", 0.0)}
+    given = {"metric": metric, "n_cells": n_cells, "replica_factor": replica_factor,
+             "fts_columns": None if fts_columns is None else tuple(fts_columns)}
+    differ = [f"{name}={value!r} (the table has {held[name]!r})"
+              for name, value in given.items() if value is not None and value != held[name]]
+    if differ:
+        raise SchemaMismatchError(
+            f"WriteToSupertable: the table at {uri!r} was created with other settings: "
+            f"{', '.join(differ)}; these settings apply only when the table is created")
     return table
 
 
@@ -596,19 +614,22 @@ class WriteToSupertable(beam.PTransform):
         Dataflow template) shares it: give such a job a ``job_id`` per launch.
     """
 
-    def __init__(self, uri: str, schema: Optional[pa.Schema] = None,
-                 vector_column: Optional[str] = None, metric: str = "l2",
-                 fts_columns: Sequence[str] = (), n_cells: Optional[int] = None,
-                 n_shards: Optional[int] = None, storage_options: Optional[dict] = None, *,
-                 on_invalid: str = "dead_letter", commit_every: float = DEFAULT_COMMIT_EVERY_S,
-                 job_id: Optional[str] = None, replica_factor: float = 0.0,
+    def __init__(self, uri: str, *, schema: Optional[pa.Schema] = None,
+                 vector_column: Optional[str] = None, metric: Optional[Metric] = None,
+                 fts_columns: Optional[Sequence[str]] = None, n_cells: Optional[int] = None,
+                 n_shards: Optional[int] = None, storage_options: Optional[dict] = None,
+                 on_invalid: OnInvalid = "dead_letter",
+                 commit_every: float = DEFAULT_COMMIT_EVERY_S,
+                 job_id: Optional[str] = None, replica_factor: Optional[float] = None,
                  batch_rows: int = DEFAULT_BATCH_ROWS,
                  grid_sample_rows: int = DEFAULT_GRID_SAMPLE_ROWS,
                  label: Optional[str] = None) -> None:
         super().__init__(label)
-        if on_invalid not in ("dead_letter", "fail"):
+        if on_invalid not in ON_INVALID:
             raise ValueError(
-                f"WriteToSupertable: on_invalid must be 'dead_letter' or 'fail', got {on_invalid!r}")
+                f"WriteToSupertable: on_invalid must be one of {ON_INVALID}, got {on_invalid!r}")
+        if metric is not None and metric not in METRICS:
+            raise ValueError(f"WriteToSupertable: metric must be one of {METRICS}, got {metric!r}")
         if n_shards is not None and (not isinstance(n_shards, int) or n_shards < 1):
             raise ValueError(f"WriteToSupertable: n_shards must be a positive int, got {n_shards!r}")
         if commit_every <= 0:
@@ -625,7 +646,7 @@ class WriteToSupertable(beam.PTransform):
         self._batch_rows = batch_rows
         self._sample_rows = grid_sample_rows
         self._with_invalid = False
-        table = _open_or_create(uri, schema, vector_column, metric, tuple(fts_columns), n_cells,
+        table = _open_or_create(uri, schema, vector_column, metric, fts_columns, n_cells,
                                 storage_options, replica_factor)
         vp = table.properties.get("vector")
         if vector_column is not None and (vp is None or vp["column"] != vector_column):
@@ -700,6 +721,14 @@ class WriteToSupertable(beam.PTransform):
             "n_shards": DisplayDataItem(self._n_shards or 0, label="Shards (0 = by size)"),
             "on_invalid": DisplayDataItem(self._on_invalid, label="Invalid rows"),
             "job_id": DisplayDataItem(self._job_id or "(one per run)", label="Job id"),
+            "vector_column": DisplayDataItem(
+                self._vector["column"] if self._vector else "", label="Vector column"),
+            "metric": DisplayDataItem(self._vector["metric"] if self._vector else "",
+                                      label="Metric"),
+            "commit_every": DisplayDataItem(self._commit_every,
+                                            label="Commit every (s, unbounded input)"),
+            "batch_rows": DisplayDataItem(self._batch_rows, label="Rows per batch"),
+            "grid_sample_rows": DisplayDataItem(self._sample_rows, label="Grid sample rows"),
         }
 
 
@@ -751,7 +780,7 @@ class ReadFromSupertable(beam.PTransform):
         as_batches: yield ``pyarrow.RecordBatch`` es instead of dict rows.
     """
 
-    def __init__(self, uri: str, version: Optional[int] = None,
+    def __init__(self, uri: str, *, version: Optional[int] = None,
                  columns: Optional[Sequence[str]] = None, filter: Optional[pc.Expression] = None,  # noqa: A002
                  as_batches: bool = False, storage_options: Optional[dict] = None,
                  label: Optional[str] = None) -> None:
@@ -777,4 +806,9 @@ class ReadFromSupertable(beam.PTransform):
 
     def display_data(self):
         return {"uri": DisplayDataItem(self._uri, label="Table"),
-                "version": DisplayDataItem(self._version, label="Version")}
+                "version": DisplayDataItem(self._version, label="Version"),
+                "columns": DisplayDataItem(", ".join(self._columns or ()) or "(all)",
+                                           label="Columns"),
+                "filter": DisplayDataItem(str(self._filter) if self._filter is not None else "",
+                                          label="Filter"),
+                "as_batches": DisplayDataItem(self._as_batches, label="Arrow batches")}

@@ -166,8 +166,17 @@ def test_streaming_commits_once_per_firing(tmp_path):
 
 def test_bad_input(tmp_path):
     uri = str(tmp_path / "t")
-    Supertable.create(uri, SCHEMA, vector_column="emb")
+    Supertable.create(uri, SCHEMA, vector_column="emb", fts_columns=["body"])
     other = pa.schema([("n", pa.string())])
+    # Settings an existing table ignores must agree with it (they were silently dropped).
+    with pytest.raises(SchemaMismatchError, match="metric='cosine'"):
+        WriteToSupertable(uri, metric="cosine")
+    with pytest.raises(SchemaMismatchError, match="fts_columns"):
+        WriteToSupertable(uri, fts_columns=["n"])
+    with pytest.raises(ValueError, match="metric"):
+        WriteToSupertable(uri, metric="euclid")
+    with pytest.raises(TypeError):
+        WriteToSupertable(uri, SCHEMA)  # options are keyword-only
     with pytest.raises(SchemaMismatchError, match="does not match"):
         WriteToSupertable(uri, schema=other)
     with pytest.raises(ValueError, match="no schema"):
