@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator, List, Tuple
 
-from apache_beam.transforms.window import GlobalWindow
+from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
-from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_upsert.model import transition_changes
 
-# Output goes to the global window (the transform re-windows its input there);
-# building WindowedValues directly skips a window assignment per change.
-GLOBAL_WINDOWS = (GlobalWindow(),)
+# Output stays in the global window: both flavors emit from a DoFn (or a
+# timer) whose input the transform re-windowed there.
 STAMP_CACHE_SIZE = 4096
 INSERT, UPDATE, DELETE = 0, 1, 2
 
@@ -40,10 +38,10 @@ class ChangeEmitter:
         return ts
 
     def emit(self, key: Any, steps: Iterable[Tuple[int, Any, Any]],
-             tally: List[int]) -> Iterator[WindowedValue]:
+             tally: List[int]) -> Iterator[TimestampedValue]:
         """Yields each step's changes at its time; adds 1 to ``tally[step_kind]``."""
         for at, old, new in steps:
             tally[step_kind(old, new)] += 1
             ts = self._timestamp(at)
             for change in transition_changes(key, old, new):
-                yield WindowedValue(change, ts, GLOBAL_WINDOWS)
+                yield TimestampedValue(change, ts)
