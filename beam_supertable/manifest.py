@@ -132,6 +132,8 @@ def commit_fingerprint(req: "CommitRequest") -> Dict[str, Any]:
                     for e in req.add_entries if not isinstance(e.get("digest"), str))
     body = {"operation": req.operation, "rows": rows, "digest": combine(digests),
             "entries": others}
+    if req.fingerprint_extra:
+        body["extra"] = req.fingerprint_extra   # what a mutation selects, e.g. a delete's filter
     return {"rows": rows, "superfiles": len(req.add_entries),
             "sha256": hashlib.sha256(_canonical(body)).hexdigest()}
 
@@ -265,6 +267,7 @@ class CommitRequest:
     deleted_rows: int = 0
     expected_deletes: Dict[str, int] = dataclasses.field(default_factory=dict)
     reset: bool = False   # the new version starts empty: ``schema`` and ``set_properties`` only
+    fingerprint_extra: str = ""   # what else names this commit for its token (a delete's filter)
 
     def __post_init__(self) -> None:
         for entry in self.add_entries:
@@ -469,9 +472,16 @@ class Manifest:
                 if doc.get("commit", {}).get("token") == token:
                     return self._snapshot(doc)
                 version -= 1
-            return base
-        if since is not None and since < base.version - RECENT_TOKENS:
-            for version in range(base.version - RECENT_TOKENS, since, -1):
+            # Its version was vacuumed: what it committed cannot be checked
+            # against this commit, so neither skipping nor committing is safe.
+            raise TokenReuseError(
+                f"{self.store.uri}: token {token!r} landed in a version that has since been "
+                f"vacuumed (the oldest retained is after {version}), so this commit on "
+                f"version {base.version} cannot be checked against it; use a fresh token",
+                token=token, landed_version=None, base_version=base.version)
+        if since is not None and since <= base.version - RECENT_TOKENS:
+            # ``since`` itself may hold the token (a handle standing on its own commit).
+            for version in range(base.version - RECENT_TOKENS, since - 1, -1):
                 doc = self._try_version(version)
                 if doc is not None and doc.get("commit", {}).get("token") == token:
                     return self._snapshot(doc)

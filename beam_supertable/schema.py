@@ -35,8 +35,12 @@ def to_table(data: Data) -> Optional[pa.Table]:
     if all(isinstance(b, Mapping) for b in batches):
         # Row dicts: types are inferred here and cast to the schema by conform,
         # whose errors name the column and row.
+        # from_pylist takes its columns from the first row: a key that only a
+        # later row has (a misspelled column) would vanish without a word.
+        # Take every row's keys, so conform names an unknown one wherever it is.
+        names = list(dict.fromkeys(k for row in batches for k in row))
         try:
-            return pa.Table.from_pylist(batches)
+            return pa.Table.from_pydict({k: [row.get(k) for row in batches] for k in names})
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise SchemaMismatchError(f"row dicts do not make a table: {exc}") from exc
     if not all(isinstance(b, pa.RecordBatch) for b in batches):

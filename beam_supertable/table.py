@@ -478,7 +478,8 @@ class Supertable:
                             frontier=self._frontier_arg(frontier, token), token=token,
                             metadata=metadata, base_version=self.version)
         return self.commit(CommitRequest(operation="delete", token=token,
-                                         base_version=self.version),
+                                         base_version=self.version,
+                                         fingerprint_extra=f"filter={filter}"),
                            max_retries=max_retries, rebuild=mutation.request)
 
     def vacuum(self, *, retain_versions: int = 10,

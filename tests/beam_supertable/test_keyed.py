@@ -438,6 +438,8 @@ def test_a_retried_write_whose_token_landed_returns_its_version(tmp_path):
     assert retry.upsert(_rows([2, 3], "b")[0], token="batch-2", frontier=20) == v2
     with pytest.raises(TokenReuseError):  # the same token over other rows is not a retry
         retry.upsert(_rows([2, 3], "c")[0], token="batch-2", frontier=20)
-    assert retry.delete(pc.field("id") == 2, token="batch-3", frontier=30) == v3
+    assert retry.delete(pc.field("id") == 1, token="batch-3", frontier=30) == v3
+    with pytest.raises(TokenReuseError):  # another filter under the token is not a retry
+        retry.delete(pc.field("id") == 2, token="batch-3", frontier=30)
     t = Supertable.open(uri)
     assert t.version == v3 and _live(t) == {2: "b word2", 3: "b word3"} and t.frontier == 30
