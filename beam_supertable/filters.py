@@ -282,6 +282,13 @@ class Pruner:
         values, has_null = self._value_set(node)
         if values is None:
             return _UNKNOWN
+        field_type = self._field_type(node.args[0].name)
+        set_type = node.options["value_set"].values.type
+        if field_type is not None and not set_type.equals(field_type):
+            # Arrow casts the value set to the column's type (0.1 to float32, a
+            # timestamp to a date); comparing in the set's own type could prune
+            # a superfile that holds a match, so such a filter keeps it.
+            return _UNKNOWN
         col = self._column(entry, node.args[0].name, values[0].kind if values else None)
         null_hit = has_null and col.may_null()
         if not values:

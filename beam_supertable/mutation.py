@@ -117,7 +117,7 @@ class Mutation:
             candidates = np.where(self._keys.may_hold(entry))[0]
             if len(candidates) == 0:
                 return _NONE
-        elif not may_match(entry, self._filter):
+        elif not may_match(entry, self._filter, base.schema):
             return _NONE
         # Deletes only accumulate on the newer bases a retry sees, so a
         # superfile with no live row left never needs reading again.

@@ -18,7 +18,6 @@ def local_uri(tmp_path):
 
 
 # -- filters: pruning must never drop a matching row ----------------------------
-@pytest.mark.xfail(strict=True, reason="pruning compares an isin value set in the literal's type; Arrow casts it to the column's (float32)")
 def test_isin_float_set_on_float32_column_finds_the_row(local_uri):
     """Arrow casts an is_in value set to the column's type (float64 0.1 -> float32 0.1)."""
     t = Supertable.create(local_uri, pa.schema([("f", pa.float32()), ("tag", pa.string())]))
@@ -32,7 +31,6 @@ def test_isin_float_set_on_float32_column_finds_the_row(local_uri):
     assert t.count_rows() == 0
 
 
-@pytest.mark.xfail(strict=True, reason="pruning compares an isin value set in the literal's type; Arrow casts timestamps to the date column's type")
 def test_isin_timestamp_set_on_date_column_finds_the_row(local_uri):
     """Arrow casts a timestamp value set to date32 (dropping the time of day) for is_in."""
     t = Supertable.create(local_uri, pa.schema([("d", pa.date32())]))
