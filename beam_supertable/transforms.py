@@ -684,7 +684,8 @@ class WriteToSupertable(beam.PTransform):
                        | "OneKey" >> beam.Map(lambda e: (None, e))
                        | "Gather" >> beam.GroupByKey()
                        | "Commit" >> beam.ParDo(_Commit(self._uri, self._options, self._job_id,
-                                                        self._scope, run_scoped=False), plan))
+                                                        self._scope, run_scoped=False), plan
+                                              ).with_output_types(CommitResult))
         else:
             # One GroupByKey per firing: a second one downstream of a
             # processing-time trigger (its continuation trigger) never lets
@@ -695,7 +696,8 @@ class WriteToSupertable(beam.PTransform):
                        | "OneKey" >> beam.ParDo(_TagFloor(self._uri, self._options))
                        | "GatherFiring" >> beam.GroupByKey()
                        | "BuildAndCommit" >> beam.ParDo(_BuildAndCommit(
-                           self._uri, self._options, self._job_id, self._scope)))
+                           self._uri, self._options, self._job_id, self._scope)
+                       ).with_output_types(CommitResult))
         if not self._with_invalid:
             return commits
         return WriteResult(commits, batches[INVALID_TAG])
@@ -802,7 +804,8 @@ class ReadFromSupertable(beam.PTransform):
                 | "Spread" >> beam.Reshuffle()
                 | "Read" >> beam.ParDo(_ReadSuperfile(
                     self._uri, self._options, self._version, self._columns, self._filter,
-                    self._as_batches)))
+                    self._as_batches)).with_output_types(
+                        pa.RecordBatch if self._as_batches else Dict[str, Any]))
 
     def display_data(self):
         return {"uri": DisplayDataItem(self._uri, label="Table"),
