@@ -11,7 +11,6 @@ arguments it loads the sample ``examples/chunks.jsonl`` into ``out/chunks``.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
@@ -25,8 +24,7 @@ from beam_supertable import Supertable
 from beam_supertable.transforms import NAMESPACE as TABLE_NAMESPACE
 from beam_supertable.transforms import WriteToSupertable
 from beam_supertable.vector.metric import METRICS
-from pipelines import flink
-from pipelines.options import add_job_argument
+from pipelines.options import add_job_argument, counter_totals, job_options
 from pipelines.file_rows import (
     BAD_TAG, FORMATS, coerce_row, dead_letter, format_of, infer_schema, parse_schema, read_rows)
 from pipelines.io_formats import JOB_NAMESPACE, to_json
@@ -172,26 +170,12 @@ def build(p: beam.Pipeline, job: LoadSupertableOptions) -> None:
 
 
 def summarize(result) -> dict:
-    got = {}
-    for c in result.metrics().query()["counters"]:
-        if c.key.metric.namespace not in (TABLE_NAMESPACE, JOB_NAMESPACE):
-            continue
-        value = c.committed if c.committed is not None else c.attempted
-        got[c.key.metric.name] = got.get(c.key.metric.name, 0) + (value or 0)
-    return got
+    return counter_totals(result, (TABLE_NAMESPACE, JOB_NAMESPACE))
 
 
 def run(argv: Optional[List[str]] = None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # --help lists this job's options (PipelineOptions alone would not).
-    parser = argparse.ArgumentParser(
-        prog="python -m pipelines.load_supertable", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Any Beam pipeline option (--runner, --flink_master, ...) is accepted too.")
-    LoadSupertableOptions._add_argparse_args(parser)
-    parser.parse_known_args(argv)
-    options = flink.fill_defaults(PipelineOptions(argv), argv)
-    job = options.view_as(LoadSupertableOptions)
+    options, job = job_options(argv, LoadSupertableOptions, "python -m pipelines.load_supertable", __doc__, raw_description=True)
     if "://" not in job.table:
         os.makedirs(os.path.dirname(os.path.abspath(job.table)), exist_ok=True)
     os.makedirs(os.path.dirname(os.path.abspath(dead_letters_path(job))), exist_ok=True)

@@ -12,7 +12,11 @@ skipped in the shared parser: every job declares its flags through
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from pipelines import flink
 
 
 def add_job_argument(parser: argparse.ArgumentParser, *flags: str, **kwargs: Any) -> None:
@@ -21,3 +25,35 @@ def add_job_argument(parser: argparse.ArgumentParser, *flags: str, **kwargs: Any
     if any(flag in taken for flag in flags):
         return
     parser.add_argument(*flags, **kwargs)
+
+
+def job_options(argv: List[str], options_class: type, prog: str, doc: Optional[str],
+                raw_description: bool = False) -> Tuple[PipelineOptions, Any]:
+    """Parses a job's command line: ``--help`` lists the job's own options.
+
+    Returns:
+        ``(options, job)``: the pipeline options (Flink defaults filled in) and
+        their view as ``options_class``.
+    """
+    # PipelineOptions alone would list only Beam's options under --help.
+    parser = argparse.ArgumentParser(
+        prog=prog, description=doc,
+        formatter_class=(argparse.RawDescriptionHelpFormatter if raw_description
+                         else argparse.HelpFormatter),
+        epilog="Any Beam pipeline option (--runner, --flink_master, ...) is accepted too.")
+    options_class._add_argparse_args(parser)  # noqa: SLF001 (Beam's documented hook)
+    parser.parse_known_args(argv)
+    options = flink.fill_defaults(PipelineOptions(argv), argv)
+    return options, options.view_as(options_class)
+
+
+def counter_totals(result: Any, namespaces: Iterable[str]) -> Dict[str, int]:
+    """The job's counters in ``namespaces``, by name (committed where the runner has them)."""
+    wanted = set(namespaces)
+    got: Dict[str, int] = {}
+    for c in result.metrics().query()["counters"]:
+        if c.key.metric.namespace not in wanted:
+            continue
+        value = c.committed if c.committed is not None else c.attempted
+        got[c.key.metric.name] = got.get(c.key.metric.name, 0) + (value or 0)
+    return got

@@ -21,7 +21,6 @@ arguments it answers ``examples/queries.jsonl`` from ``out/chunks`` (the table
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -38,8 +37,7 @@ from beam_supertable import Supertable
 from beam_supertable.rag import (
     DEFAULT_MAX_BATCH_SIZE, ENRICHMENT_KEY, MODES, EnrichWithSupertable,
     SupertableSearchEnrichmentHandler)
-from pipelines import flink
-from pipelines.options import add_job_argument
+from pipelines.options import add_job_argument, counter_totals, job_options
 from pipelines.file_rows import (
     BAD_TAG, FORMATS, dead_letter, finite_vector, format_of, read_rows)
 from pipelines.io_formats import JOB_NAMESPACE, to_json
@@ -218,26 +216,12 @@ def build(p: beam.Pipeline, job: SearchSupertableOptions) -> None:
 
 
 def summarize(result) -> dict:
-    got = {}
-    for c in result.metrics().query()["counters"]:
-        if c.key.metric.namespace != JOB_NAMESPACE:
-            continue
-        value = c.committed if c.committed is not None else c.attempted
-        got[c.key.metric.name] = got.get(c.key.metric.name, 0) + (value or 0)
-    return got
+    return counter_totals(result, (JOB_NAMESPACE,))
 
 
 def run(argv: Optional[List[str]] = None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # --help lists this job's options (PipelineOptions alone would not).
-    parser = argparse.ArgumentParser(
-        prog="python -m pipelines.search_supertable", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Any Beam pipeline option (--runner, --flink_master, ...) is accepted too.")
-    SearchSupertableOptions._add_argparse_args(parser)
-    parser.parse_known_args(argv)
-    options = flink.fill_defaults(PipelineOptions(argv), argv)
-    job = options.view_as(SearchSupertableOptions)
+    options, job = job_options(argv, SearchSupertableOptions, "python -m pipelines.search_supertable", __doc__, raw_description=True)
     os.makedirs(os.path.dirname(os.path.abspath(job.output)), exist_ok=True)
     p = beam.Pipeline(options=options)
     build(p, job)

@@ -6,7 +6,6 @@ arguments it runs on the sample in ``examples/`` and prints a summary.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
@@ -18,8 +17,7 @@ from apache_beam.utils.timestamp import Timestamp
 
 from beam_upsert import Upsert
 from beam_upsert.metrics import NAMESPACE
-from pipelines import flink
-from pipelines.options import add_job_argument
+from pipelines.options import add_job_argument, counter_totals, job_options
 from pipelines.io_formats import (
     BAD_TAG, CHANGE_SCHEMA, JOB_NAMESPACE, ChangeToRow, ParseCommand, ParseSnapshot,
     change_to_parquet_row, is_parquet, read_rows, to_json)
@@ -86,25 +84,12 @@ def build(p: beam.Pipeline, job: UpsertChangesOptions) -> None:
 
 
 def summarize(result) -> dict:
-    got = {}
-    for c in result.metrics().query()["counters"]:
-        if c.key.metric.namespace not in (NAMESPACE, JOB_NAMESPACE):
-            continue
-        value = c.committed if c.committed is not None else c.attempted
-        got[c.key.metric.name] = got.get(c.key.metric.name, 0) + (value or 0)
-    return got
+    return counter_totals(result, (NAMESPACE, JOB_NAMESPACE))
 
 
 def run(argv: Optional[List[str]] = None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # --help lists this job's options (PipelineOptions alone would not).
-    parser = argparse.ArgumentParser(
-        prog="python -m pipelines.upsert_changes", description=__doc__,
-        epilog="Any Beam pipeline option (--runner, --flink_master, ...) is accepted too.")
-    UpsertChangesOptions._add_argparse_args(parser)
-    parser.parse_known_args(argv)
-    options = flink.fill_defaults(PipelineOptions(argv), argv)
-    job = options.view_as(UpsertChangesOptions)
+    options, job = job_options(argv, UpsertChangesOptions, "python -m pipelines.upsert_changes", __doc__)
     os.makedirs(os.path.dirname(os.path.abspath(job.output)), exist_ok=True)
     p = beam.Pipeline(options=options)
     build(p, job)
