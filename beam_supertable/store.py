@@ -202,6 +202,13 @@ class ObjectStore:
                 "single_writer=True if only one writer ever touches this table")
 
     # -- requests ----------------------------------------------------------
+    def _pause(self, what: str, path: str, last: BaseException, attempt: int) -> None:
+        """Backs off before retry ``attempt + 1`` of a request that failed in transit."""
+        delay = _retry_delay(attempt)
+        _LOG.info("%s: %s of %r failed in transit (%s); retry %d in %.0f ms",
+                  self.uri, what, path, _describe(last), attempt + 1, delay * 1000)
+        time.sleep(delay)
+
     def _request(self, what: str, path: str, call: Callable[[], _T]) -> _T:
         """``call()``, retried when it fails in transit; then StoreIOError.
 
@@ -217,10 +224,7 @@ class ObjectStore:
                     raise
                 last = exc
             if attempt + 1 < REQUEST_ATTEMPTS:
-                delay = _retry_delay(attempt)
-                _LOG.info("%s: %s of %r failed in transit (%s); retry %d in %.0f ms",
-                          self.uri, what, path, _describe(last), attempt + 1, delay * 1000)
-                time.sleep(delay)
+                self._pause(what, path, last, attempt)
         raise StoreIOError(
             f"{self.uri}: {what} of {path!r} failed in transit {REQUEST_ATTEMPTS} times; "
             f"last: {_describe(last)}") from last
@@ -365,10 +369,7 @@ class ObjectStore:
                     raise
                 last = exc
             if attempt + 1 < REQUEST_ATTEMPTS:
-                delay = _retry_delay(attempt)
-                _LOG.info("%s: create of %r failed in transit (%s); retry %d in %.0f ms",
-                          self.uri, path, _describe(last), attempt + 1, delay * 1000)
-                time.sleep(delay)
+                self._pause("create", path, last, attempt)
         try:
             if self._holds(path, full, data, after=last):
                 return
