@@ -48,10 +48,10 @@ from beam_supertable.errors import (
     AlreadyExists, CommitConflictError, CommitFailedError, CorruptManifestError,
     NotATableError, SchemaMismatchError, StoreIOError, SupertableError, TableExistsError, TokenReuseError,
     VersionNotFoundError)
-from beam_supertable.store import ObjectStore
+from beam_supertable.store import ObjectInfo, ObjectStore
 
 __all__ = [
-    "CommitRequest", "Manifest", "PartRef", "Snapshot", "VacuumReport",
+    "CommitRequest", "Manifest", "PartRef", "Snapshot", "VacuumPlan", "VacuumReport",
     "backoff_seconds", "commit_fingerprint",
 ]
 
@@ -314,6 +314,41 @@ class VacuumReport:
     removed_objects: Tuple[str, ...]
     removed_bytes: int
     retained_versions: Tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class VacuumPlan:
+    """What a vacuum would do at one moment (``Manifest.plan_vacuum``).
+
+    Attributes:
+        removed_versions: versions it would delete.
+        removed_objects: objects it would delete (versions included), by path.
+        retained_versions: versions it keeps (the newest ``retain_versions``
+            and any younger than the grace period).
+        waiting_objects: objects no kept version references that the grace
+            period still protects (a commit in flight, or an orphan that is
+            reclaimable later).
+        grace_s: the grace period applied, in seconds.
+    """
+
+    removed_versions: Tuple[int, ...]
+    removed_objects: Tuple[ObjectInfo, ...]
+    retained_versions: Tuple[int, ...]
+    waiting_objects: Tuple[ObjectInfo, ...]
+    grace_s: float
+
+    @property
+    def removed_bytes(self) -> int:
+        return sum(i.size for i in self.removed_objects)
+
+    @property
+    def waiting_bytes(self) -> int:
+        return sum(i.size for i in self.waiting_objects)
+
+    def report(self) -> VacuumReport:
+        """The plan as what ``vacuum`` returns."""
+        return VacuumReport(self.removed_versions, tuple(i.path for i in self.removed_objects),
+                            self.removed_bytes, self.retained_versions)
 
 
 def _writer_id() -> str:
@@ -748,27 +783,32 @@ class Manifest:
                 refs.add(value["path"])
         return refs
 
-    def vacuum(self, *, retain_versions: int = 10,
-               older_than: Union[float, datetime.timedelta, None] = None,
-               dry_run: bool = False) -> VacuumReport:
-        """Deletes what no retained version references, once past the grace period.
+    def plan_vacuum(self, *, retain_versions: int = 10,
+                    older_than: Union[float, datetime.timedelta, None] = None,
+                    objects: Optional[Sequence[ObjectInfo]] = None,
+                    now: Optional[float] = None) -> "VacuumPlan":
+        """What ``vacuum`` would delete now, without deleting or writing anything.
+
+        Reads the version documents and manifest parts of the versions it
+        keeps and lists the table; never reads superfile data.
 
         Args:
             retain_versions: the newest versions kept (at least 1).
-            older_than: grace period in seconds (or a ``timedelta``): objects
-                and versions younger than this are kept whatever references
-                them, so a commit in flight never loses its files. ``None``
-                (the default) means ``DEFAULT_VACUUM_GRACE_S`` (6 hours); ``0``
-                means no grace.
-            dry_run: report without deleting.
+            older_than: grace period, as for ``vacuum``.
+            objects: the table's listing (``store.list("")``), when the caller
+                already has one; listed here otherwise.
+            now: the time objects' ages are measured at (default: now).
+
+        Returns:
+            The plan: versions and objects to remove, versions kept, and the
+            unreferenced objects the grace period still protects.
         """
         if retain_versions < 1:
             raise ValueError(f"vacuum: retain_versions must be >= 1, got {retain_versions}")
         grace = grace_seconds(older_than)
-        self.store.check_writable()
         latest = self.latest_version()
-        now = time.time()
-        objects = self.store.list("")
+        now = time.time() if now is None else now
+        objects = self.store.list("") if objects is None else objects
         version_infos = {version_of(i.path): i for i in objects if version_of(i.path) is not None}
         ordered = sorted(v for v in version_infos if v <= latest)
         keep = set(ordered[-retain_versions:])
@@ -782,30 +822,54 @@ class Manifest:
             doc = self._try_version(v)
             if doc is not None:
                 referenced |= self.referenced(self._snapshot(doc))
-        removed, removed_bytes = [], 0
+        removed: List[ObjectInfo] = []
+        waiting: List[ObjectInfo] = []
         removed_versions = []
         for info in objects:
             path = info.path
             if path in referenced or path.startswith(ids.CLAIMS + "/"):
                 continue  # id claims are kept forever: their ids may be in use
-            young = info.mtime is None or now - info.mtime < grace
-            if young:
-                continue
             if path.startswith(VERSIONS + "/"):
                 version = version_of(path)
                 if version is None:
                     continue
-                removed_versions.append(version)
             elif not (path.startswith(("data/", "deletes/", f"{META}/")) or
                       path.rsplit("/", 1)[-1].startswith(".tmp-")):
                 continue  # not ours: leave objects we did not write alone
-            removed.append(path)
-            removed_bytes += info.size
+            else:
+                version = None
+            if info.mtime is None or now - info.mtime < grace:
+                waiting.append(info)
+                continue
+            if version is not None:
+                removed_versions.append(version)
+            removed.append(info)
+        return VacuumPlan(tuple(sorted(removed_versions)),
+                          tuple(sorted(removed, key=lambda i: i.path)),
+                          tuple(sorted(keep)), tuple(sorted(waiting, key=lambda i: i.path)),
+                          grace)
+
+    def vacuum(self, *, retain_versions: int = 10,
+               older_than: Union[float, datetime.timedelta, None] = None,
+               dry_run: bool = False) -> VacuumReport:
+        """Deletes what no retained version references, once past the grace period.
+
+        Args:
+            retain_versions: the newest versions kept (at least 1).
+            older_than: grace period in seconds (or a ``timedelta``): objects
+                and versions younger than this are kept whatever references
+                them, so a commit in flight never loses its files. ``None``
+                (the default) means ``DEFAULT_VACUUM_GRACE_S`` (6 hours); ``0``
+                means no grace.
+            dry_run: report without deleting (``plan_vacuum`` says more).
+        """
+        plan = self.plan_vacuum(retain_versions=retain_versions, older_than=older_than)
+        self.store.check_writable()
         if not dry_run:
             # Versions first (oldest first), then what only they referenced: a
             # vacuum cut short leaves orphans, never a listed version whose
             # parts or data are gone. Kept versions reference nothing removed.
-            for path in sorted(removed, key=lambda p: (not p.startswith(VERSIONS), p)):
-                self.store.delete(path)
-        return VacuumReport(tuple(sorted(removed_versions)), tuple(sorted(removed)),
-                            removed_bytes, tuple(sorted(keep)))
+            for info in sorted(plan.removed_objects,
+                               key=lambda i: (not i.path.startswith(VERSIONS), i.path)):
+                self.store.delete(info.path)
+        return plan.report()

@@ -186,6 +186,9 @@ def build(table: pa.Table, *, vector: Optional[VectorSpec] = None,
             "replica_rows": rep_rows.astype("<i4").tobytes(),
         }
         summary["cells"] = [int(c) for c in uniq]
+        # Rows per cell, in the manifest: inspect and optimize size cells
+        # without opening superfiles.
+        summary["cell_rows"] = [int(c[2]) for c in cell_dir]
         summary["replica_cells"] = [d[0] for d in rep_dir]
     text_section = None
     if fts_columns:
