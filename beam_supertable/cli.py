@@ -1,0 +1,418 @@
+"""The command line: ``python -m beam_supertable {inspect,optimize,vacuum} URI``.
+
+::
+
+    python -m beam_supertable inspect /data/docs
+    python -m beam_supertable inspect s3://bucket/docs --json \\
+        --storage-options '{"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}'
+    python -m beam_supertable optimize /data/docs --dry-run
+    python -m beam_supertable optimize /data/docs --max-rewrite-bytes 8GiB --vacuum-after
+    python -m beam_supertable vacuum /data/docs --older-than 6h --retain-versions 10
+
+Each subcommand takes the options of the API call it runs (``inspect_table``,
+``Supertable.optimize``, ``Supertable.vacuum``); ``--json`` prints the result
+as one JSON document for scripts. Durations are written ``6h``, ``30m``,
+``90s``, ``1d`` or combined (``1h30m``); byte sizes as an integer or with a
+binary unit (``64MiB``). Omitting ``--older-than`` means the API's default
+grace period (6 hours), never zero.
+
+Exit status: 0 on success, 1 when the operation fails (no table at the URI,
+a commit that did not land, a store error), 2 for a bad argument. Errors are
+one line on stderr naming the URI or the argument, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import logging
+import re
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO
+
+from beam_supertable.errors import SupertableError
+from beam_supertable.inspection import inspect_table
+from beam_supertable.manifest import DEFAULT_VACUUM_GRACE_S
+from beam_supertable.writer import TARGET_SUPERFILE_BYTES
+
+__all__ = ["main", "parse_bytes", "parse_duration"]
+
+PROG = "python -m beam_supertable"
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+PROGRESS_INTERVAL_S = 0.1      # at most ten progress redraws a second
+PROGRESS_BAR_WIDTH = 30
+
+_DURATION_UNITS = {"w": 7 * 86400, "d": 86400, "h": 3600, "m": 60, "s": 1}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([wdhms])")
+_BYTE_UNITS = {"": 1, "b": 1, "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "tib": 2 ** 40,
+               "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12}
+_BYTES = re.compile(r"(\d+)\s*([kmgt]i?b|b)?", re.IGNORECASE)
+
+
+# -- argument types ------------------------------------------------------------
+def parse_duration(text: str) -> datetime.timedelta:
+    """``6h``, ``30m``, ``0s``, ``1h30m``, ``2d``, ``1w`` as a timedelta; ``0`` alone too.
+
+    Raises:
+        ValueError: anything else (a bare number other than 0 has no unit:
+            ``6`` could mean seconds or hours).
+    """
+    text = text.strip()
+    if text == "0":
+        return datetime.timedelta(0)
+    pos, seconds = 0, 0.0
+    for match in _DURATION.finditer(text):
+        if match.start() != pos:
+            break
+        seconds += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        pos = match.end()
+    if pos == 0 or pos != len(text):
+        raise ValueError(f"{text!r} is not a duration; write e.g. 6h, 30m, 90s, 1h30m or 0s")
+    return datetime.timedelta(seconds=seconds)
+
+
+def parse_bytes(text: str) -> int:
+    """``67108864``, ``64MiB``, ``1GB`` as a positive number of bytes."""
+    match = _BYTES.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"{text!r} is not a byte size; write e.g. 67108864, 64MiB or 1GiB")
+    value = int(match.group(1)) * _BYTE_UNITS[(match.group(2) or "").lower()]
+    if value <= 0:
+        raise ValueError(f"{text!r}: a byte size must be > 0")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise ValueError(f"{text!r}: must be >= 1")
+    return value
+
+
+def _storage_options(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _argument_type(parse: Callable[[str], Any], name: str) -> Callable[[str], Any]:
+    """``parse`` as an argparse type whose error is ``parse``'s own message."""
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = name
+    return convert
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (``prog: error: argument ...: why``)."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Inspect and maintain a supertable.")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="log each commit retry and store request retry")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                     parser_class=_Parser)
+    duration = _argument_type(parse_duration, "duration")
+    nbytes = _argument_type(parse_bytes, "byte size")
+    count = _argument_type(_positive_int, "count")
+
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        sub.add_argument("uri", metavar="URI",
+                         help="the table: a local path, memory://..., s3://bucket/prefix, ...")
+        sub.add_argument("--storage-options", type=_argument_type(_storage_options, "JSON"),
+                         default=None, metavar="JSON",
+                         help="fsspec storage options as a JSON object")
+        sub.add_argument("--json", action="store_true", help="print the result as JSON")
+        return sub
+
+    def vacuum_options(sub: argparse.ArgumentParser, what: str) -> None:
+        sub.add_argument("--older-than", type=duration, default=None, metavar="DURATION",
+                         help=f"grace period of the {what} (default "
+                              f"{_duration_text(DEFAULT_VACUUM_GRACE_S)}); 0s for none")
+        sub.add_argument("--retain-versions", type=count, default=10, metavar="N",
+                         help=f"newest versions the {what} keeps (default 10)")
+
+    inspect = command("inspect", "Summarize a table: versions, rows, superfiles, cells, "
+                                 "grids, storage, and what a vacuum would reclaim.")
+    vacuum_options(inspect, "vacuum whose reclaimable bytes are reported")
+
+    optimize = command("optimize", "Compact small superfiles by cell, drop deleted rows and "
+                                   "split oversized cells, in one commit.")
+    optimize.add_argument("--target-file-bytes", type=nbytes, default=TARGET_SUPERFILE_BYTES,
+                          metavar="N", help="superfile size to aim for (default 64MiB)")
+    optimize.add_argument("--max-cell-rows", type=count, default=None, metavar="N",
+                          help="split cells holding more rows than this")
+    optimize.add_argument("--max-rewrite-bytes", type=nbytes, default=None, metavar="N",
+                          help="rewrite at most this much in one run (incremental optimize)")
+    optimize.add_argument("--dry-run", action="store_true",
+                          help="print what would be rewritten; change nothing")
+    optimize.add_argument("--vacuum-after", action="store_true",
+                          help="vacuum after a successful optimize")
+    vacuum_options(optimize, "vacuum run by --vacuum-after")
+
+    vacuum = command("vacuum", "Delete versions and objects no retained version needs, "
+                               "after a grace period.")
+    vacuum_options(vacuum, "vacuum")
+    vacuum.add_argument("--dry-run", action="store_true",
+                        help="print what would be deleted; delete nothing")
+    return parser
+
+
+# -- the commands --------------------------------------------------------------
+def _inspect(args: argparse.Namespace) -> Any:
+    report = inspect_table(args.uri, args.storage_options,
+                           retain_versions=args.retain_versions, older_than=args.older_than)
+    return report, format_inspection(report)
+
+
+def _open(args: argparse.Namespace):
+    from beam_supertable.table import Supertable
+    return Supertable.open(args.uri, storage_options=args.storage_options)
+
+
+def _optimize(args: argparse.Namespace) -> Any:
+    table = _open(args)
+    progress = Progress(sys.stderr, "optimize")
+    try:
+        result = table.optimize(
+            target_file_bytes=args.target_file_bytes, max_cell_rows=args.max_cell_rows,
+            max_rewrite_bytes=args.max_rewrite_bytes, dry_run=args.dry_run,
+            vacuum_after=args.vacuum_after, older_than=args.older_than,
+            retain_versions=args.retain_versions, progress=progress)
+    finally:
+        progress.close()
+    if args.dry_run:
+        plan = result.to_dict()
+        return {"uri": args.uri, "dry_run": True, "version": table.version, "plan": plan}, \
+            _plan_text(args.uri, table.version, plan)
+    if result is None:
+        return ({"uri": args.uri, "dry_run": False, "optimized": False, "version": table.version},
+                f"{args.uri}: nothing to optimize; version {table.version} unchanged")
+    return ({"uri": args.uri, "dry_run": False, "optimized": True, "version": result},
+            f"{args.uri}: optimized into version {result}"
+            + (" and vacuumed" if args.vacuum_after else ""))
+
+
+def _vacuum(args: argparse.Namespace) -> Any:
+    report = _open(args).vacuum(retain_versions=args.retain_versions,
+                                older_than=args.older_than, dry_run=args.dry_run)
+    doc = {"uri": args.uri, "dry_run": args.dry_run, **dataclasses.asdict(report)}
+    verb = "would remove" if args.dry_run else "removed"
+    kept = report.retained_versions
+    text = (f"{args.uri}: {verb} {_plural(len(report.removed_versions), 'version')} and "
+            f"{_plural(len(report.removed_objects), 'object')} ({_size(report.removed_bytes)}); "
+            f"kept {_plural(len(kept), 'version')}"
+            + (f" ({_ranges(kept)})" if kept else "")
+            + f"; grace {_duration_text(_grace_s(args.older_than))}")
+    return doc, text
+
+
+_COMMANDS = {"inspect": _inspect, "optimize": _optimize, "vacuum": _vacuum}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Runs one subcommand; returns the exit status (see the module docstring)."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    prog = f"{PROG} {args.command}"
+    try:
+        doc, text = _COMMANDS[args.command](args)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except (SupertableError, OSError, ValueError, TypeError) as exc:
+        # The errors a user can act on (no table, a store refusing, a bad
+        # option the API rejects) as one line; anything else is a bug and
+        # keeps its traceback.
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if args.uri not in message:
+            message = f"{args.uri}: {message}"
+        print(f"{prog}: error: {type(exc).__name__}: {message}", file=sys.stderr)
+        return EXIT_FAILED
+    print(json.dumps(doc, indent=2) if args.json else text)
+    return EXIT_OK
+
+
+# -- progress ------------------------------------------------------------------
+class Progress:
+    """A one-line progress bar on ``stream``, drawn only when it is a terminal.
+
+    Called as ``progress(done, total)`` (``Supertable.optimize``'s callback);
+    redraws at most every ``PROGRESS_INTERVAL_S`` and always at the end.
+    """
+
+    def __init__(self, stream: TextIO, label: str, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._stream = stream
+        self._label = label
+        self._clock = clock
+        self._live = bool(getattr(stream, "isatty", lambda: False)())
+        self._drawn = False
+        self._last = float("-inf")
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self._live:
+            return
+        now = self._clock()
+        if done < total and now - self._last < PROGRESS_INTERVAL_S:
+            return
+        self._last = now
+        share = done / total if total else 1.0
+        filled = int(round(share * PROGRESS_BAR_WIDTH))
+        bar = "#" * filled + "." * (PROGRESS_BAR_WIDTH - filled)
+        self._stream.write(f"\r{self._label} [{bar}] {done}/{total} ({share:.0%})")
+        self._stream.flush()
+        self._drawn = True
+
+    def close(self) -> None:
+        """Ends the bar's line, if one was drawn."""
+        if self._drawn:
+            self._stream.write("\n")
+            self._stream.flush()
+            self._drawn = False
+
+
+# -- text output ---------------------------------------------------------------
+def _grace_s(older_than: Optional[datetime.timedelta]) -> float:
+    return DEFAULT_VACUUM_GRACE_S if older_than is None else older_than.total_seconds()
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _number(x: Any) -> str:
+    if isinstance(x, float) and not x.is_integer():
+        return f"{x:,.1f}"
+    return f"{int(x):,}"
+
+
+def _duration_text(seconds: float) -> str:
+    if seconds == 0:
+        return "0s"
+    out, rest = [], seconds
+    for unit, size in _DURATION_UNITS.items():
+        if unit == "w":
+            continue
+        whole = int(rest // size)
+        if whole:
+            out.append(f"{whole}{unit}")
+            rest -= whole * size
+    if rest:
+        out.append(f"{rest:g}s" if not out else f"{rest:.3g}s")
+    return "".join(out)
+
+
+def _ranges(versions: Sequence[int]) -> str:
+    """``[1, 2, 3, 7]`` as ``1-3, 7``."""
+    spans: List[List[int]] = []
+    for v in versions:
+        if spans and v == spans[-1][1] + 1:
+            spans[-1][1] = v
+        else:
+            spans.append([v, v])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def _count(value: Any) -> int:
+    """A plan field that is either a count or the list of what it counts."""
+    return len(value) if isinstance(value, (list, tuple, dict, set)) else int(value)
+
+
+def _plan_text(uri: str, version: int, plan: Dict[str, Any]) -> str:
+    return (f"{uri} (version {version}): optimize would rewrite "
+            f"{_plural(_count(plan['superfiles_to_rewrite']), 'superfile')} "
+            f"({_number(plan['rows_to_rewrite'])} rows, {_size(plan['bytes_to_rewrite'])}) in "
+            f"{_plural(_count(plan['groups']), 'group')}, reclaim "
+            f"{_number(plan['deleted_rows_to_reclaim'])} deleted rows, split "
+            f"{_plural(_count(plan['cells_to_split']), 'cell')}; about "
+            f"{_plural(_count(plan['estimated_superfiles_after']), 'superfile')} after")
+
+
+def _spread_text(spread: Optional[Dict[str, Any]], fmt: Callable[[Any], str]) -> str:
+    if spread is None:
+        return "n/a"
+    return f"min {fmt(spread['min'])} / median {fmt(spread['median'])} / max {fmt(spread['max'])}"
+
+
+def _frontier_text(frontier: Optional[int]) -> str:
+    if frontier is None:
+        return "none"
+    when = datetime.datetime.fromtimestamp(frontier / 1e6, datetime.timezone.utc)
+    return f"{frontier} ({when.isoformat(timespec='seconds')})"
+
+
+def format_inspection(report: Dict[str, Any]) -> str:
+    """``inspect_table``'s report as a few lines for a terminal."""
+    v, rows, sf = report["versions"], report["rows"], report["superfiles"]
+    cells, storage, vac = report["cells"], report["storage"], report["vacuum"]
+    stored = rows["stored"]
+    share = f" ({rows['deleted'] / stored:.1%})" if stored else ""
+    lines = [
+        report["uri"],
+        f"  versions    latest {v['latest']}, {_plural(v['retained'], 'retained version')} "
+        f"(oldest {v['oldest_retained']}), frontier {_frontier_text(v['frontier'])}, last "
+        f"commit {v['latest_commit']['operation']} at {v['latest_commit']['timestamp']}",
+        f"  rows        {rows['live']:,} live, {rows['deleted']:,} deleted{share}, "
+        f"{stored:,} stored",
+        f"  superfiles  {sf['count']:,} holding {_size(sf['bytes']['total'])}; size "
+        f"{_spread_text(sf['bytes'], _size)} (target {_size(sf['target_bytes'])}); "
+        f"{sf['with_deletes']:,} with deletion vectors",
+    ]
+    grids = report["grids"]
+    if cells["count"]:
+        per_cell = _spread_text(cells["rows_per_cell"], _number) if cells["rows_per_cell"] \
+            else f"unknown ({cells['superfiles_without_cell_rows']} superfiles predate " \
+                 "per-cell counts)"
+        lines.append(f"  cells       {cells['count']:,} on {_plural(len(grids), 'grid')}; "
+                     f"rows per cell {per_cell}")
+    else:
+        lines.append("  cells       none (no vector column, or no rows yet)")
+    for g in grids:
+        n_cells = "" if g["n_cells"] is None else f", {g['n_cells']:,} cells"
+        lines.append(f"  grid        {g['id'][:12]} ({'current' if g['current'] else 'older'}"
+                     f"{n_cells}): {_plural(g['superfiles'], 'superfile')}, "
+                     f"{g['rows']:,} rows in {g['cells']:,} cells")
+    areas = ", ".join(f"{name} {_size(a['bytes'])}" for name, a in storage["by_area"].items())
+    ref = storage["referenced_by_latest"]
+    lines.append(f"  storage     {_size(storage['bytes'])} in "
+                 f"{_plural(storage['objects'], 'object')} ({areas}); the latest version "
+                 f"references {_size(ref['bytes'])} in {_plural(ref['objects'], 'object')}")
+    if ref["missing"]:
+        lines.append(f"  MISSING     {_plural(len(ref['missing']), 'referenced object')} not "
+                     f"found, e.g. {ref['missing'][0]}")
+    rec, wait = vac["reclaimable"], vac["in_grace"]
+    lines.append(f"  vacuum      would reclaim {_size(rec['bytes'])} "
+                 f"({_plural(rec['objects'], 'object')}, {_plural(rec['versions'], 'version')}) "
+                 f"keeping {vac['retain_versions']} versions and a "
+                 f"{_duration_text(vac['grace_s'])} grace; {_size(wait['bytes'])} in "
+                 f"{_plural(wait['objects'], 'unreferenced object')} still in grace")
+    return "\n".join(lines)
