@@ -6,7 +6,8 @@ from beam_supertable.errors import (
     DuplicateKeyError, FrontierError, MemoryBudgetError, NotATableError, SchemaMismatchError,
     StoreIOError, SupertableError, TableExistsError, TokenReuseError, UnsafeBackendError,
     VersionNotFoundError)
-from beam_supertable.manifest import CommitRequest, Manifest, Snapshot, VacuumReport
+from beam_supertable.inspection import inspect_table
+from beam_supertable.manifest import CommitRequest, Manifest, Snapshot, VacuumPlan, VacuumReport
 from beam_supertable.store import ObjectInfo, ObjectStore
 from beam_supertable.table import Supertable
 
@@ -18,7 +19,7 @@ __all__ = [
     "Manifest", "MemoryBudgetError", "NotATableError", "ObjectInfo", "ObjectStore", "SchemaMismatchError",
     "Snapshot", "StoreIOError", "Supertable", "SupertableError", "TableExistsError",
     "TokenReuseError", "UnsafeBackendError",
-    "VacuumReport", "VersionNotFoundError",
+    "VacuumPlan", "VacuumReport", "VersionNotFoundError", "inspect_table",
 ]
 
 
