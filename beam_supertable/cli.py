@@ -28,6 +28,7 @@ import dataclasses
 import datetime
 import json
 import logging
+import os
 import re
 import sys
 import time
@@ -249,7 +250,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             message = f"{args.uri}: {message}"
         print(f"{prog}: error: {type(exc).__name__}: {message}", file=sys.stderr)
         return EXIT_FAILED
-    print(json.dumps(doc, indent=2) if args.json else text)
+    try:
+        print(json.dumps(doc, indent=2) if args.json else text, flush=True)
+    except BrokenPipeError:
+        # The reader went away (``... --json | head``): not an error of ours.
+        # Point stdout at nothing so the interpreter's final flush stays quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return EXIT_OK
 
 

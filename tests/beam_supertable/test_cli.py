@@ -50,6 +50,24 @@ def test_inspect_prints_a_summary_and_json_on_local_disk(tmp_path):
         inspect_table(uri, retain_versions=1, older_than=0)["vacuum"]
 
 
+def test_a_reader_that_stops_early_is_no_error(tmp_path):
+    # ``inspect --json | head -3``: the pipe closes before the output is written.
+    uri = str(tmp_path / "t")
+    build_known(uri)
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    read, write = os.pipe()
+    os.close(read)   # nobody will ever read
+    try:
+        proc = subprocess.run([sys.executable, "-m", "beam_supertable", "inspect", uri, "--json"],
+                              stdout=write, stderr=subprocess.PIPE, text=True, env=env,
+                              timeout=300)
+    finally:
+        os.close(write)
+    assert "Traceback" not in proc.stderr and proc.stderr == "", proc.stderr
+    assert proc.returncode == 0
+
+
 def test_vacuum_keeps_young_orphans_by_default_and_removes_them_with_no_grace(tmp_path):
     uri = str(tmp_path / "t")
     known = build_known(uri)
