@@ -1,5 +1,7 @@
-"""Writes that remove rows, resolved against the version they commit on.
+"""Every write's commit request, resolved against the version it commits on.
 
+Every write builds its ``CommitRequest`` here (``Supertable.commit_superfiles``:
+``append``, ``upsert``, ``delete`` and the Beam ``WriteToSupertable``).
 ``upsert``, ``append`` on a keyed table and ``delete(filter)`` remove (or
 refuse) rows, and which rows depends on the version the commit lands on, not
 on the version the writer read: another writer may have added a row with the
@@ -7,7 +9,8 @@ same key, or a row the filter matches, in between. So the commit loop calls
 a :class:`Mutation` with every base it tries (``Manifest.commit(...,
 rebuild=...)``), and the mutation returns the request for exactly that base:
 
-- the new superfiles, written once before the race (they never change);
+- the new superfiles, written once before the race (rebuilt only to put
+  them on a grid another writer stamped first, see ``writer.GridAgreement``);
 - for each superfile holding live rows it removes, one new deletion vector
   listing the rows still live in that base (a concurrent delete of some of
   the same rows merges instead of conflicting; a superfile may carry several

@@ -71,7 +71,7 @@ class Supertable:
         self._manifest = snapshot.manifest
         self._snapshot = snapshot
         self._cache = ByteCache(cache_bytes)
-        self._grid: Optional[np.ndarray] = None
+        self._grid: Optional[tuple] = None   # (path, centroids) of the grid last read
         self.io = IOStats()
 
     # -- opening ---------------------------------------------------------
@@ -296,9 +296,10 @@ class Supertable:
         ref = self._snapshot.properties.get("grid")
         if ref is None:
             return None
-        if self._grid is None:
-            self._grid = grid_mod.from_bytes(self._store.get(ref["path"]))
-        return self._grid
+        if self._grid is None or self._grid[0] != ref["path"]:
+            # Keyed by path: a refreshed handle may stand on another grid.
+            self._grid = (ref["path"], grid_mod.from_bytes(self._store.get(ref["path"])))
+        return self._grid[1]
 
     def train_grid(self, vectors: np.ndarray, rows: Optional[int] = None) -> tuple:
         """Trains and uploads a grid (not yet stamped); returns (centroids, stamp).

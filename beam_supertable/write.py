@@ -314,62 +314,6 @@ class _SampleVectors(beam.CombineFn):
         return rows, nbytes, sample
 
 
-class _SampleVectors(beam.CombineFn):
-    """Row count, Arrow bytes and a uniform random sample of the vectors.
-
-    Priority sampling: every row draws a random key and the sample is the
-    ``limit`` rows with the smallest keys, so batches and merges stay cheap
-    and the result is uniform however the input was split.
-    """
-
-    def __init__(self, column: Optional[str], dim: int, limit: int) -> None:
-        self._column, self._dim, self._limit = column, dim, limit
-
-    def create_accumulator(self):
-        return (0, 0, np.zeros(0, np.float64), None)
-
-    def add_input(self, acc, table):
-        rows, nbytes, keys, sample = acc
-        rows, nbytes = rows + table.num_rows, nbytes + table.nbytes
-        if self._column is None or table.num_rows == 0:
-            return rows, nbytes, keys, sample
-        u = np.random.random(table.num_rows)
-        if sample is not None and len(keys) >= self._limit:
-            take = u < np.partition(keys, self._limit - 1)[self._limit - 1]
-        else:
-            take = np.ones(table.num_rows, dtype=bool)
-        if take.any():
-            x = vectors_of(table.filter(pa.array(take)), self._column, self._dim)
-            keys = np.concatenate([keys, u[take]])
-            sample = x if sample is None else np.concatenate([sample, x])
-            if len(keys) > 2 * self._limit:
-                keys, sample = self._compact(keys, sample)
-        return rows, nbytes, keys, sample
-
-    def _compact(self, keys, sample):
-        if len(keys) <= self._limit:
-            return keys, sample
-        keep = np.argpartition(keys, self._limit - 1)[:self._limit]
-        return keys[keep], sample[keep]
-
-    def merge_accumulators(self, accs):
-        accs = list(accs)
-        rows = sum(a[0] for a in accs)
-        nbytes = sum(a[1] for a in accs)
-        parts = [a for a in accs if a[3] is not None]
-        if not parts:
-            return rows, nbytes, np.zeros(0, np.float64), None
-        keys, sample = self._compact(np.concatenate([a[2] for a in parts]),
-                                     np.concatenate([a[3] for a in parts]))
-        return rows, nbytes, keys, sample
-
-    def extract_output(self, acc):
-        rows, nbytes, keys, sample = acc
-        if sample is not None:
-            _, sample = self._compact(keys, sample)
-        return rows, nbytes, sample
-
-
 class _Plan(beam.DoFn):
     """Bounded input: the grid (the table's, or one trained on the sample) and n_shards."""
 
@@ -455,8 +399,7 @@ class _BuildSuperfile(beam.DoFn):
     def start_bundle(self):
         self._pending = []
 
-    def process(self, element, plan, win=beam.DoFn.WindowParam,
-                ts=beam.DoFn.TimestampParam):
+    def process(self, element, win=beam.DoFn.WindowParam, ts=beam.DoFn.TimestampParam):
         shard, parts = element
         self._pending.append((self.submit(shard, list(parts)), win, ts))
 
@@ -727,7 +670,7 @@ class WriteToSupertable(beam.PTransform):
                 _Plan(self._table, self._n_shards)))
             keyed = batches.batches | "KeyByShard" >> beam.ParDo(keyer, plan)
             built = (keyed | "GroupByShard" >> beam.GroupByKey()
-                     | "Build" >> beam.ParDo(_BuildSuperfile(self._table), plan))
+                     | "Build" >> beam.ParDo(_BuildSuperfile(self._table)))
             commits = (built
                        | "OneKey" >> beam.Map(lambda e: (None, e))
                        | "Gather" >> beam.GroupByKey()

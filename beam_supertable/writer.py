@@ -9,6 +9,7 @@ superfiles on one grid, whichever grid each was built against.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import uuid
@@ -32,6 +33,8 @@ from beam_supertable.vector import grid as grid_mod
 if TYPE_CHECKING:
     from beam_supertable.manifest import Snapshot
     from beam_supertable.table import Supertable
+
+_LOG = logging.getLogger(__name__)
 
 DATA = "data"
 TARGET_SUPERFILE_BYTES = 64 << 20
@@ -171,8 +174,11 @@ class GridAgreement:
         if ready is None:
             stale = {e["id"] for e in self._entries
                      if e.get("grid") not in (None, target["sha256"])}
-            centroids = grid_mod.from_bytes(self._table.store.get(target["path"])) \
-                if stale else None
+            centroids = None
+            if stale:
+                _LOG.info("%s: %d superfile(s) built on another grid than %s; rebuilding them "
+                          "on it", self._table.uri, len(stale), target["sha256"][:12])
+                centroids = grid_mod.from_bytes(self._table.store.get(target["path"]))
             ready = self._ready[target["sha256"]] = tuple(
                 self._rebuild(e, centroids, target["sha256"]) if e["id"] in stale else e
                 for e in self._entries)
