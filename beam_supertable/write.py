@@ -31,12 +31,11 @@ landed token fail the pipeline with ``TokenReuseError``.
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, List, Literal, NamedTuple, Optional, Sequence
+from typing import Any, Dict, Literal, NamedTuple, Optional, Sequence
 
 import apache_beam as beam
 import numpy as np
@@ -63,7 +62,6 @@ METRICS = ("l2", "cosine", "dot")
 OnInvalid = Literal["dead_letter", "fail"]
 ON_INVALID = ("dead_letter", "fail")
 
-_LOG = logging.getLogger(__name__)
 INVALID_TAG = "invalid"
 DEFAULT_BATCH_ROWS = 4096
 DEFAULT_GRID_SAMPLE_ROWS = 50_000
