@@ -25,7 +25,10 @@ __all__ = [
 
 def __getattr__(name):
     # The Beam transforms import apache_beam; the table itself does not need it.
-    if name in ("WriteToSupertable", "ReadFromSupertable", "CommitResult", "WriteResult"):
-        from beam_supertable import transforms
-        return getattr(transforms, name)
+    if name in ("WriteToSupertable", "CommitResult", "WriteResult"):
+        from beam_supertable import write
+        return getattr(write, name)
+    if name == "ReadFromSupertable":
+        from beam_supertable import read
+        return read.ReadFromSupertable
     raise AttributeError(f"module 'beam_supertable' has no attribute {name!r}")

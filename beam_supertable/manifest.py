@@ -138,6 +138,16 @@ def commit_fingerprint(req: "CommitRequest") -> Dict[str, Any]:
             "sha256": hashlib.sha256(_canonical(body)).hexdigest()}
 
 
+def _entry_ids(req: CommitRequest) -> List[str]:
+    return [e["id"] for e in req.add_entries]
+
+
+def _same_rows(a: CommitRequest, b: CommitRequest) -> bool:
+    """Whether two requests add the same rows, however their superfiles are built."""
+    rows = [commit_fingerprint(CommitRequest(add_entries=r.add_entries))["sha256"] for r in (a, b)]
+    return rows[0] == rows[1]
+
+
 # errno values of failures a retry cannot fix.
 _PERMANENT_ERRNOS = frozenset(getattr(errno, name) for name in (
     "EACCES", "EPERM", "ENOENT", "ENOTDIR", "EISDIR", "ENOSPC", "EROFS", "EDQUOT",
@@ -609,8 +619,10 @@ class Manifest:
                 base, or None when nothing is left to commit (the base is then
                 returned). Mutations use it to resolve which rows they remove
                 against the version they land on. The rebuilt request must
-                carry ``req.add_entries`` (written once, before the race) and
-                ``req.token``.
+                carry the rows of ``req.add_entries`` (their superfiles are
+                written once, before the race; a rebuild may replace them with
+                superfiles of the same rows, e.g. re-celled on a grid another
+                writer stamped meanwhile) and ``req.token``.
 
         Returns:
             The version that holds the commit: the new one, or the one where
@@ -635,7 +647,7 @@ class Manifest:
         fingerprint = commit_fingerprint(req) if req.token is not None else None
         attempted: Dict[int, Dict[str, Any]] = {}   # version -> commit info this call sent
         attempt = 0
-        own_part = None
+        own_part, own_ids = None, None
         while True:
             doc = None
             step = "writing the commit's manifest part"
@@ -644,6 +656,7 @@ class Manifest:
                     # Written once, outside the race: a lost race only rebuilds
                     # the small version document (and any merge it implies).
                     own_part = self._write_part(list(req.add_entries), level=0)
+                    own_ids = _entry_ids(req)
                 step = "loading the latest version"
                 if base is None:
                     base = self.load()
@@ -665,9 +678,15 @@ class Manifest:
                     attempt_req = rebuild(base)
                     if attempt_req is None:
                         return base
-                    if [e["id"] for e in attempt_req.add_entries] != \
-                            [e["id"] for e in req.add_entries]:
-                        raise ValueError("Manifest.commit: rebuild must keep req.add_entries")
+                    if _entry_ids(attempt_req) != _entry_ids(req) and not _same_rows(attempt_req,
+                                                                                     req):
+                        raise ValueError("Manifest.commit: rebuild must keep req.add_entries "
+                                         "(the same rows; it may only rebuild their superfiles)")
+                    if own_part is not None and _entry_ids(attempt_req) != own_ids:
+                        # The rows rebuilt for this base (another grid): a part of their own.
+                        step = "writing the commit's rebuilt manifest part"
+                        own_part = self._write_part(list(attempt_req.add_entries), level=0)
+                        own_ids = _entry_ids(attempt_req)
                 step = f"rebasing on version {base.version}"
                 doc = self._rebase(base, attempt_req, own_part)
                 if req.token is not None:

@@ -1,5 +1,7 @@
-"""Writes that remove rows, resolved against the version they commit on.
+"""Every write's commit request, resolved against the version it commits on.
 
+Every write builds its ``CommitRequest`` here (``Supertable.commit_superfiles``:
+``append``, ``upsert``, ``delete`` and the Beam ``WriteToSupertable``).
 ``upsert``, ``append`` on a keyed table and ``delete(filter)`` remove (or
 refuse) rows, and which rows depends on the version the commit lands on, not
 on the version the writer read: another writer may have added a row with the
@@ -7,7 +9,8 @@ same key, or a row the filter matches, in between. So the commit loop calls
 a :class:`Mutation` with every base it tries (``Manifest.commit(...,
 rebuild=...)``), and the mutation returns the request for exactly that base:
 
-- the new superfiles, written once before the race (they never change);
+- the new superfiles, written once before the race (rebuilt only to put
+  them on a grid another writer stamped first, see ``writer.GridAgreement``);
 - for each superfile holding live rows it removes, one new deletion vector
   listing the rows still live in that base (a concurrent delete of some of
   the same rows merges instead of conflicting; a superfile may carry several
@@ -28,7 +31,7 @@ not rule out.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -151,7 +154,7 @@ class Mutation:
         return path
 
     # -- the rebuild ---------------------------------------------------------
-    def request(self, base: Snapshot, *, entries: Tuple[dict, ...] = (),
+    def request(self, base: Snapshot, *, entries: Sequence[dict] = (),
                 stamp: Optional[Dict[str, Any]] = None) -> Optional[CommitRequest]:
         """The commit request on ``base``, or None when it would change nothing.
 
@@ -172,6 +175,16 @@ class Mutation:
         moves = self._frontier is not None and self._frontier != held
         if not entries and not removed and not moves:
             return None
+        return self._build(entries, stamp, removed)
+
+    def draft(self, entries: Sequence[dict] = ()) -> CommitRequest:
+        """The request before any base resolves it: what ``Manifest.commit``
+        names the commit by (operation, token, the rows for the fingerprint)."""
+        return self._build(entries, None, {})
+
+    def _build(self, entries: Sequence[dict], stamp: Optional[Dict[str, Any]],
+               removed: Dict[str, Tuple[np.ndarray, np.ndarray]]) -> CommitRequest:
+        """The one place a write's ``CommitRequest`` is made."""
         properties = dict(stamp or {})
         replace: Tuple[str, ...] = ()
         if self._frontier is not None:
@@ -182,4 +195,7 @@ class Mutation:
             add_deletes={sf: self._vector(sf, rows) for sf, (rows, _) in removed.items()},
             deleted_rows=int(sum(len(rows) for rows, _ in removed.values())),
             set_properties=properties, replace_properties=replace, token=self._token,
-            metadata=dict(self._metadata), base_version=self._base_version)
+            metadata=dict(self._metadata), base_version=self._base_version,
+            # What a delete selects names it too: the same token with another
+            # filter is another commit.
+            fingerprint_extra="" if self._filter is None else f"filter={self._filter}")

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import datetime
-import functools
 import logging
-from typing import Any, Dict, List, Literal, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Literal, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
@@ -13,8 +12,7 @@ import pyarrow.compute as pc
 
 from beam_supertable import deletes as dv
 from beam_supertable.errors import (
-    CommitConflictError, CommitFailedError, MemoryBudgetError, SchemaMismatchError,
-    SupertableError, TableExistsError)
+    MemoryBudgetError, NotATableError, SchemaMismatchError, SupertableError, TableExistsError)
 from beam_supertable.keys import KeyBatch, check_primary_key
 from beam_supertable.manifest import (
     DEFAULT_MAX_RETRIES, CommitRequest, Manifest, Snapshot, VacuumReport)
@@ -30,7 +28,8 @@ from beam_supertable.superfile import VectorSpec, vectors_of
 from beam_supertable.vector import grid as grid_mod
 from beam_supertable.vector import search as vector_search
 from beam_supertable.vector.metric import check_metric, nearest, prepare
-from beam_supertable.writer import TARGET_SUPERFILE_BYTES, Layout, write_superfiles
+from beam_supertable.writer import (
+    TARGET_SUPERFILE_BYTES, GridAgreement, Layout, write_superfiles)
 
 __all__ = ["CREATE_MODES", "CreateMode", "Metric", "Supertable"]
 
@@ -72,7 +71,7 @@ class Supertable:
         self._manifest = snapshot.manifest
         self._snapshot = snapshot
         self._cache = ByteCache(cache_bytes)
-        self._grid: Optional[np.ndarray] = None
+        self._grid: Optional[tuple] = None   # (path, centroids) of the grid last read
         self.io = IOStats()
 
     # -- opening ---------------------------------------------------------
@@ -110,6 +109,52 @@ class Supertable:
         """
         if mode not in CREATE_MODES:
             raise ValueError(f"{uri}: mode must be one of {CREATE_MODES}, got {mode!r}")
+        full, props = cls.describe_create(
+            uri, schema, vector_column=vector_column, metric=metric, fts_columns=fts_columns,
+            n_cells=n_cells, replica_factor=replica_factor, stop_words=stop_words,
+            target_superfile_bytes=target_superfile_bytes, primary_key=primary_key)
+        store = ObjectStore(uri, storage_options, single_writer=single_writer)
+        manifest = Manifest(store)
+        if mode == "exist_ok":
+            # Read first: opening a table that is there writes nothing.
+            try:
+                table = cls(store, manifest.load(), cache_bytes=cache_bytes)
+            except NotATableError:
+                pass
+            else:
+                table._check_settings(full, props)
+                return table
+        try:
+            return cls(store, manifest.create(full, props), cache_bytes=cache_bytes)
+        except TableExistsError:
+            if mode == "create":
+                raise
+        if mode == "overwrite":
+            snapshot = manifest.commit(CommitRequest(
+                operation="overwrite", schema=full, allow_schema_change=True,
+                set_properties=props, reset=True))
+            return cls(store, snapshot, cache_bytes=cache_bytes)
+        table = cls(store, manifest.load(), cache_bytes=cache_bytes)
+        table._check_settings(full, props)
+        return table
+
+    @staticmethod
+    def describe_create(uri: str, schema: pa.Schema, *, vector_column: Optional[str] = None,
+                        metric: Metric = "l2", fts_columns: Sequence[str] = (),
+                        n_cells: Optional[int] = None, replica_factor: float = 0.0,
+                        stop_words: Sequence[str] = (),
+                        target_superfile_bytes: int = TARGET_SUPERFILE_BYTES,
+                        primary_key: Union[str, Sequence[str], None] = None
+                        ) -> Tuple[pa.Schema, Dict[str, Any]]:
+        """Checks ``create``'s arguments without writing anything.
+
+        Returns:
+            ``(schema, properties)``: the full schema (``_id`` first) and the
+            table properties ``create`` would write.
+
+        Raises:
+            SchemaMismatchError, ValueError: what ``create`` would raise.
+        """
         if ID in schema.names:
             raise SchemaMismatchError(f"{uri}: column {ID!r} is reserved for row ids")
         check_metric(metric)
@@ -135,22 +180,8 @@ class Supertable:
                     raise SchemaMismatchError(f"{uri}: fts column {c!r} must be a string, got {t}")
             props["fts"] = {"columns": list(fts_columns),
                             "stop_words": sorted({w.casefold() for w in stop_words})}
-        store = ObjectStore(uri, storage_options, single_writer=single_writer)
         full = pa.schema([pa.field(ID, pa.int64(), nullable=False)] + list(schema))
-        manifest = Manifest(store)
-        try:
-            return cls(store, manifest.create(full, props), cache_bytes=cache_bytes)
-        except TableExistsError:
-            if mode == "create":
-                raise
-        if mode == "overwrite":
-            snapshot = manifest.commit(CommitRequest(
-                operation="overwrite", schema=full, allow_schema_change=True,
-                set_properties=props, reset=True))
-            return cls(store, snapshot, cache_bytes=cache_bytes)
-        table = cls(store, manifest.load(), cache_bytes=cache_bytes)
-        table._check_settings(full, props)
-        return table
+        return full, props
 
     def _check_settings(self, schema: pa.Schema, props: Dict[str, Any]) -> None:
         """For ``create(mode="exist_ok")``: the table must be the one described."""
@@ -265,9 +296,10 @@ class Supertable:
         ref = self._snapshot.properties.get("grid")
         if ref is None:
             return None
-        if self._grid is None:
-            self._grid = grid_mod.from_bytes(self._store.get(ref["path"]))
-        return self._grid
+        if self._grid is None or self._grid[0] != ref["path"]:
+            # Keyed by path: a refreshed handle may stand on another grid.
+            self._grid = (ref["path"], grid_mod.from_bytes(self._store.get(ref["path"])))
+        return self._grid[1]
 
     def train_grid(self, vectors: np.ndarray, rows: Optional[int] = None) -> tuple:
         """Trains and uploads a grid (not yet stamped); returns (centroids, stamp).
@@ -381,36 +413,17 @@ class Supertable:
         mutation = Mutation(self, operation, keys=keys, refuse_live=operation == "append",
                             frontier=frontier, token=token, metadata=metadata,
                             base_version=self.version)
-        if table.num_rows == 0:
-            if frontier is None:
-                return self.version
-            return self.commit(CommitRequest(operation=operation, token=token),
-                               max_retries=max_retries, rebuild=mutation.request)
+        if table.num_rows == 0 and frontier is None:
+            return self.version
         if operation == "append" and keys is not None and token is None:
             # Refuse live keys before uploading anything; the commit checks
             # again on the version it lands on. (With a token, the commit
             # first looks for the token: a retried append that already
             # landed finds its own keys live.)
             mutation.request(self._snapshot)
-        for attempt in range(2):
-            entries, stamp = self.write_superfiles(table, n_shards=n_shards, conformed=True)
-            request = CommitRequest(
-                operation=operation, add_entries=tuple(entries), set_properties=stamp,
-                token=token, base_version=self.version)
-            rebuild = functools.partial(mutation.request, entries=tuple(entries), stamp=stamp)
-            try:
-                return self.commit(request, max_retries=max_retries, rebuild=rebuild)
-            except CommitFailedError:
-                raise  # out of retries: rebuilding would not help
-            except CommitConflictError:
-                if not stamp or attempt:
-                    raise
-                # Another writer stamped its grid first: rebuild against it.
-                _LOG.info("%s: a concurrent %s stamped the grid; re-assigning cells",
-                          self.uri, operation)
-                self.refresh()
-                self._grid = None
-        raise AssertionError("unreachable")
+        entries, stamp = self.write_superfiles(table, n_shards=n_shards, conformed=True)
+        return self.commit_superfiles(entries, mutation, grids=stamp.values(),
+                                      max_retries=max_retries)
 
     def _frontier_arg(self, frontier, token: Optional[str]) -> Optional[int]:
         """``frontier`` checked for type and, before anything is written, against
@@ -456,6 +469,40 @@ class Supertable:
         self._snapshot = self._manifest.commit(request, **kwargs)
         return self._snapshot.version
 
+    def commit_superfiles(self, entries: Sequence[dict], mutation: Optional[Mutation] = None,
+                          *, grids: Iterable[dict] = (),
+                          max_retries: int = DEFAULT_MAX_RETRIES) -> int:
+        """Commits uploaded superfiles, and what ``mutation`` removes, as one commit.
+
+        The last step of every write (``append``, ``upsert``, ``delete`` and
+        the Beam ``WriteToSupertable``): the one place where a write meets
+        the commit loop. On every base the loop tries, the superfiles are put
+        on the base's grid (``writer.GridAgreement``: rebuilt, same ``_id`` s,
+        if they were built against another one) and the mutation resolves its
+        rows, so a lost race of any kind is one retry of the same loop.
+
+        Args:
+            entries: manifest entries of uploaded, uncommitted superfiles
+                (``write_superfiles``, ``writer.build_and_upload``).
+            mutation: what the commit is (operation, token, metadata,
+                frontier, keys or filter); by default a plain append.
+            grids: the stamps (``train_grid``) of grids the entries were
+                built against that the table may not hold yet.
+
+        Returns:
+            The version holding the commit (this handle moves to it); see
+            ``snapshot.deduplicated`` for a token that had already landed.
+        """
+        if mutation is None:
+            mutation = Mutation(self, "append", base_version=self.version)
+        agreement = GridAgreement(self, entries, grids)
+
+        def rebuild(base: Snapshot) -> Optional[CommitRequest]:
+            stamp, ready = agreement.on(base)
+            return mutation.request(base, entries=ready, stamp=stamp)
+
+        return self.commit(mutation.draft(entries), max_retries=max_retries, rebuild=rebuild)
+
     def delete(self, filter: pc.Expression, *, token: Optional[str] = None,  # noqa: A002
                metadata: Optional[Dict[str, Any]] = None, frontier: Optional[int] = None,
                max_retries: int = DEFAULT_MAX_RETRIES) -> int:
@@ -477,10 +524,7 @@ class Supertable:
         mutation = Mutation(self, "delete", filter=filter,
                             frontier=self._frontier_arg(frontier, token), token=token,
                             metadata=metadata, base_version=self.version)
-        return self.commit(CommitRequest(operation="delete", token=token,
-                                         base_version=self.version,
-                                         fingerprint_extra=f"filter={filter}"),
-                           max_retries=max_retries, rebuild=mutation.request)
+        return self.commit_superfiles((), mutation, max_retries=max_retries)
 
     def vacuum(self, *, retain_versions: int = 10,
                older_than: Union[float, datetime.timedelta, None] = None,

@@ -1,18 +1,21 @@
-"""Turning one append's rows into uploaded superfiles and their manifest entries.
+"""Turning a write's rows into uploaded superfiles and their manifest entries.
 
-Shared by ``Supertable.append`` and the Beam ``WriteToSupertable``: shard the
-rows (``cell % n_shards`` with a vector column, by bytes otherwise), build each
-shard's superfile, upload it under a fresh name, return its entry.
+Shared by ``Supertable.append``/``upsert`` and the Beam ``WriteToSupertable``:
+assign cells on the table's grid, shard the rows (``cell % n_shards`` with a
+vector column, by bytes otherwise), build each shard's superfile, upload it
+under a fresh name, return its entry. ``GridAgreement`` puts one commit's
+superfiles on one grid, whichever grid each was built against.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import FrozenSet, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -26,6 +29,12 @@ from beam_supertable.schema import ID
 from beam_supertable.store import ObjectStore
 from beam_supertable.superfile import VectorSpec
 from beam_supertable.vector import grid as grid_mod
+
+if TYPE_CHECKING:
+    from beam_supertable.manifest import Snapshot
+    from beam_supertable.table import Supertable
+
+_LOG = logging.getLogger(__name__)
 
 DATA = "data"
 TARGET_SUPERFILE_BYTES = 64 << 20
@@ -43,10 +52,18 @@ class Layout:
     primary_key: Sequence[str] = ()
 
 
-def shard_count(table: pa.Table, layout: Layout, n_shards: Optional[int]) -> int:
+def shard_count(nbytes: int, layout: Layout, n_shards: Optional[int] = None) -> int:
+    """``n_shards`` if given, else one shard per ``layout.target_bytes`` of input."""
     if n_shards is not None:
         return n_shards
-    return max(1, math.ceil(table.nbytes / layout.target_bytes))
+    return max(1, math.ceil(nbytes / layout.target_bytes))
+
+
+def assign_cells(table: pa.Table, layout: Layout, centroids: np.ndarray
+                 ) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+    """Each row's cell on the grid ``centroids``, and its replica cell (or None)."""
+    vectors = superfile.vectors_of(table, layout.vector.column, layout.vector.dim)
+    return grid_mod.assign(vectors, centroids, layout.vector.metric, layout.replica_factor)
 
 
 def shards(table: pa.Table, cells: Optional[np.ndarray], n: int) -> List[np.ndarray]:
@@ -101,10 +118,8 @@ def write_superfiles(store: ObjectStore, table: pa.Table, layout: Layout,
     """Shards, builds (in parallel threads) and uploads; returns the entries."""
     cells = replicas = None
     if layout.vector is not None:
-        vectors = superfile.vectors_of(table, layout.vector.column, layout.vector.dim)
-        cells, replicas = grid_mod.assign(vectors, centroids, layout.vector.metric,
-                                          layout.replica_factor)
-    groups = shards(table, cells, shard_count(table, layout, n_shards))
+        cells, replicas = assign_cells(table, layout, centroids)
+    groups = shards(table, cells, shard_count(table.nbytes, layout, n_shards))
 
     def one(rows):
         take = pa.array(rows)
@@ -117,3 +132,64 @@ def write_superfiles(store: ObjectStore, table: pa.Table, layout: Layout,
         return [one(groups[0])]
     with ThreadPoolExecutor(max_workers=min(len(groups), os.cpu_count() or 2)) as pool:
         return list(pool.map(one, groups))
+
+
+class GridAgreement:
+    """Puts one commit's superfiles on one grid, agreed on each base it tries.
+
+    A writer builds superfiles against the grid it knows: the table's, or one
+    it trained (``Supertable.train_grid``) while the table had none, which the
+    commit stamps. Another writer may stamp its own grid first; then, on the
+    base holding it, the superfiles built against another grid are rebuilt
+    against the base's: the same rows under the same ``_id`` s, new cells. On
+    a base without a grid the candidate with the least sha256 is stamped, so
+    the writers of one commit whose shards trained different grids agree.
+    Rebuilt entries are kept per grid: a retry rebuilds nothing twice.
+
+    Args:
+        table: the handle committing (reads the superfiles to rebuild).
+        entries: the uploaded, uncommitted superfiles' entries.
+        grids: stamps of grids the entries may be built against that the
+            table may not hold yet.
+    """
+
+    def __init__(self, table: "Supertable", entries: Sequence[dict],
+                 grids: Iterable[dict] = ()) -> None:
+        self._table = table
+        self._entries = tuple(entries)
+        self._grids = {g["sha256"]: g for g in grids}
+        self._ready: Dict[str, Tuple[dict, ...]] = {}
+
+    def on(self, base: "Snapshot") -> Tuple[Dict[str, Any], Tuple[dict, ...]]:
+        """``(properties to stamp, entries all on one grid)`` for a commit on ``base``."""
+        held = base.properties.get("grid")
+        if held is not None:
+            target, stamp = held, {}
+        elif self._grids:
+            target = self._grids[min(self._grids)]
+            stamp = {"grid": target}
+        else:
+            return {}, self._entries   # no vector index, or nothing built against a grid
+        ready = self._ready.get(target["sha256"])
+        if ready is None:
+            stale = {e["id"] for e in self._entries
+                     if e.get("grid") not in (None, target["sha256"])}
+            centroids = None
+            if stale:
+                _LOG.info("%s: %d superfile(s) built on another grid than %s; rebuilding them "
+                          "on it", self._table.uri, len(stale), target["sha256"][:12])
+                centroids = grid_mod.from_bytes(self._table.store.get(target["path"]))
+            ready = self._ready[target["sha256"]] = tuple(
+                self._rebuild(e, centroids, target["sha256"]) if e["id"] in stale else e
+                for e in self._entries)
+        return stamp, ready
+
+    def _rebuild(self, entry: dict, centroids: np.ndarray, grid_id: str) -> dict:
+        """The same rows (same ``_id`` s) rebuilt into a superfile on another grid."""
+        table = self._table
+        rows = table.read_superfile(entry, table.schema.names)
+        user = rows.drop_columns([ID])
+        layout = table.layout()
+        cells, replicas = assign_cells(user, layout, centroids)
+        return build_and_upload(table.store, user, layout, cells, replicas, grid_id,
+                                ids=rows.column(ID).to_numpy())

@@ -1,13 +1,14 @@
 """WriteToSupertable / ReadFromSupertable against Beam's Parquet IO, same rows, same run.
 
-    python -m benchmarks.transforms_bench
+    python -m benchmarks.transforms_bench [--rows N] [--rounds R]
 
-Input: 200,000 rows (128-d float32 vector + a short text) in a Parquet file
+Input: 200,000 rows by default (128-d float32 vector + a short text) in a Parquet file
 under benchmarks/data/, read by the pipeline itself (never beam.Create).
 """
 
 from __future__ import annotations
 
+import argparse
 import glob
 import os
 import platform
@@ -28,16 +29,17 @@ ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 WORDS = "alpha beta gamma delta river stone cloud forest ember frost lumen quartz".split()
 
 
-def source() -> str:
-    path = os.path.join(DATA, "rows_200k.parquet")
+def source(n: int = N) -> str:
+    name = "rows_200k.parquet" if n == N else f"rows_{n}.parquet"
+    path = os.path.join(DATA, name)
     if not os.path.exists(path):
         os.makedirs(DATA, exist_ok=True)
         rng = np.random.default_rng(0)
         centers = rng.normal(size=(1000, DIM)).astype(np.float32)
-        x = centers[rng.integers(0, 1000, N)] + rng.normal(size=(N, DIM)).astype(np.float32)
+        x = centers[rng.integers(0, 1000, n)] + rng.normal(size=(n, DIM)).astype(np.float32)
         table = pa.table({
-            "n": np.arange(N),
-            "body": [" ".join(rng.choice(WORDS, 6)) for _ in range(N)],
+            "n": np.arange(n),
+            "body": [" ".join(rng.choice(WORDS, 6)) for _ in range(n)],
             "emb": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), DIM),
         })
         pq.write_table(table, path, row_group_size=10_000)
@@ -51,8 +53,14 @@ def timed(build) -> float:
     return time.perf_counter() - t0
 
 
-def main():
-    src = source()
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=N, help="input rows (default %(default)s)")
+    parser.add_argument("--rounds", type=int, default=ROUNDS,
+                        help="rounds; the best is kept (default %(default)s, env BENCH_ROUNDS)")
+    args = parser.parse_args(argv)
+    n, rounds = args.rows, args.rounds
+    src = source(n)
     schema = pq.read_schema(src)
     work = tempfile.mkdtemp(prefix="transforms-bench-")
 
@@ -80,19 +88,19 @@ def main():
     # Best of ROUNDS, the rounds interleaving both sides, so that a burst of
     # load from elsewhere on this shared machine hits one round, not one side.
     results = {}
-    for i in range(ROUNDS):
+    for i in range(rounds):
         for name, build in cases(i).items():
             seconds = timed(build)
             results[name] = min(results.get(name, seconds), seconds)
         if i == 0:
-            assert Supertable.open(f"{work}/0/st_rows").count_rows() == N
+            assert Supertable.open(f"{work}/0/st_rows").count_rows() == n
     pq_files = glob.glob(f"{work}/0/pq_rows/part*")
     for name, seconds in results.items():
-        print(f"{name:26s} {seconds:6.1f} s  {N / seconds:>9,.0f} rows/s", flush=True)
+        print(f"{name:26s} {seconds:6.1f} s  {n / seconds:>9,.0f} rows/s", flush=True)
     for kind in ("rows", "batches"):
         print(f"write {kind}: supertable/parquet {results[f'write_parquet_{kind}'] / results[f'write_supertable_{kind}']:.2f}x; "
               f"read {kind}: supertable/parquet {results[f'read_parquet_{kind}'] / results[f'read_supertable_{kind}']:.2f}x")
-    print(f"({len(pq_files)} Parquet shard(s) written by WriteToParquet; best of {ROUNDS} rounds)")
+    print(f"({len(pq_files)} Parquet shard(s) written by WriteToParquet; best of {rounds} rounds, {n:,} rows)")
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python "
           f"{platform.python_version()}, apache-beam {beam.__version__}, DirectRunner, "
           f"{time.strftime('%Y-%m-%d')}")

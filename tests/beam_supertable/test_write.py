@@ -1,0 +1,100 @@
+"""WriteToSupertable and the table it writes to: built without writing, created when run."""
+
+import os
+import subprocess
+import sys
+
+import apache_beam as beam
+import pyarrow as pa
+import pytest
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from beam_supertable import ObjectStore, SchemaMismatchError, Supertable, WriteToSupertable
+from beam_supertable.transforms import CommitResult
+from tests.beam_supertable.test_transforms import ROOT, SCHEMA, _elements
+
+PLAIN = pa.schema([("n", pa.int64()), ("body", pa.string())])
+
+
+def _objects(uri, options):
+    return [o.path for o in ObjectStore(uri, options).list("")]
+
+
+def test_building_the_pipeline_writes_nothing_and_running_it_creates_the_table(table_location):
+    uri, options = table_location
+    write = WriteToSupertable(uri, schema=SCHEMA, vector_column="emb", fts_columns=["body"],
+                              storage_options=options)
+    p = TestPipeline()
+    commits = p | beam.Create(_elements(600, dict_rows=600), reshuffle=False) | write
+    assert_that(commits | beam.Map(lambda c: (c.version, c.rows)), equal_to([(1, 600)]))
+    p.to_runner_api()   # the graph the runner gets is built too: still nothing written
+    assert _objects(uri, options) == []
+    if "://" not in uri:
+        assert not os.path.exists(uri)
+    p.run().wait_until_finish()
+    t = Supertable.open(uri, storage_options=options)
+    assert t.count_rows() == 600 and t.version == 1
+    assert t.properties["vector"]["column"] == "emb" and t.properties["fts"]["columns"] == ["body"]
+
+
+def test_a_missing_table_without_a_schema_fails_at_construction_naming_it(tmp_path):
+    uri = str(tmp_path / "missing")
+    with pytest.raises(ValueError, match=f"no table at '{uri}' and no schema"):
+        WriteToSupertable(uri)
+    assert not os.path.exists(uri)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"vector_column": "nope"}, SchemaMismatchError, "vector_column 'nope' is not in the schema"),
+    ({"fts_columns": ["n"]}, SchemaMismatchError, "fts column 'n' must be a string"),
+    ({"fts_columns": "body"}, TypeError, "fts_columns must be a list"),
+    ({"metric": "euclid"}, ValueError, "metric must be one of"),
+    ({"n_cells": 0}, ValueError, "n_cells must be a positive int"),
+    ({"replica_factor": 2.0}, ValueError, "replica_factor must be a share"),
+    ({"batch_rows": 0}, ValueError, "batch_rows must be a positive int"),
+    ({"schema": {"n": "int64"}}, TypeError, "schema must be a pyarrow.Schema"),
+])
+def test_bad_settings_for_a_missing_table_fail_at_construction_writing_nothing(
+        tmp_path, kwargs, error, match):
+    uri = str(tmp_path / "missing")
+    with pytest.raises(error, match=match):
+        WriteToSupertable(uri, **{"schema": PLAIN, **kwargs})
+    assert not os.path.exists(uri)
+
+
+def test_a_table_created_meanwhile_with_other_settings_fails_the_run_naming_it(tmp_path):
+    uri = str(tmp_path / "t")
+    p = TestPipeline()
+    _ = p | beam.Create([{"n": 1, "body": "a"}]) | WriteToSupertable(uri, schema=PLAIN)
+    Supertable.create(uri, pa.schema([("n", pa.int64())]))   # someone else, another schema
+    with pytest.raises(SchemaMismatchError, match=f"{uri}: a table exists here with other"):
+        p.run().wait_until_finish()
+    assert Supertable.open(uri).version == 0
+
+
+def test_a_table_created_meanwhile_with_the_same_settings_is_written(tmp_path):
+    uri = str(tmp_path / "t")
+    p = TestPipeline()
+    commits = p | beam.Create([{"n": 1, "body": "a"}]) | WriteToSupertable(uri, schema=PLAIN)
+    assert_that(commits, equal_to([CommitResult(1, 1, 1)]))
+    Supertable.create(uri, PLAIN)
+    p.run().wait_until_finish()
+    assert Supertable.open(uri).to_arrow(columns=["n", "body"]).to_pylist() == [
+        {"n": 1, "body": "a"}]
+
+
+def test_two_processes_create_the_same_missing_table_at_once(tmp_path):
+    uri = str(tmp_path / "t")
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "tests.beam_supertable.pipeline_proc", uri, str(start), "2000",
+         "create"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for start in (0, 2000)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+    t = Supertable.open(uri)
+    history = t.history()
+    assert [h["operation"] for h in history] == ["create", "write", "write"]
+    assert sorted(t.to_arrow(columns=["n"])["n"].to_pylist()) == list(range(4000))
+    assert len({e["grid"] for e in t.superfiles()}) == 1   # one grid, whoever stamped it
