@@ -807,7 +807,7 @@ class Supertable:
             if names:
                 parts.append(reader.take(uniq, columns=[ID] + list(names)))
             else:
-                parts.append(pa.table({ID: reader.ids()[uniq]}))
+                parts.append(pa.table({ID: reader.ids_of(uniq)}))
             where[mask] = base + inverse
             base += len(uniq)
         table = pa.concat_tables(parts).take(pa.array(where))

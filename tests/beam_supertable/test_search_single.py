@@ -7,6 +7,7 @@ import textwrap
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from beam_supertable import Supertable
 
@@ -79,3 +80,24 @@ def test_single_queries_start_no_threads(tmp_path):
     # Single queries run inline; batches share threads made once per process.
     assert "single 0" in out
     assert "later batches 0" in out
+
+
+def test_cold_query_for_ids_reads_only_the_hits_row_groups(tmp_path):
+    """Returning only ``_id`` once read the whole ``_id`` column: a request per row group."""
+    rng = np.random.default_rng(3)
+    x = (rng.normal(size=(60, 8)) * 6)[rng.integers(0, 60, 6000)] + rng.normal(size=(6000, 8))
+    x = x.astype(np.float32)
+    schema = pa.schema([("n", pa.int64()), ("emb", pa.list_(pa.float32(), 8))])
+    uri = str(tmp_path / "t")
+    t = Supertable.create(uri, schema, vector_column="emb")
+    t.append(pa.table({"n": np.arange(6000),
+                       "emb": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), 8)}))
+    groups = sum(pq.ParquetFile(f"{uri}/{e['path']}").metadata.num_row_groups
+                 for e in t.superfiles())
+    assert groups > 20
+    cold = Supertable.open(uri)
+    got = cold.search(vector=x[7], k=5, columns=[])
+    assert got["_id"].to_pylist() == t.search(vector=x[7], k=5)["_id"].to_pylist()
+    # The footer, the index sections and the few row groups holding the
+    # probed cells and the hits: far fewer requests than there are row groups.
+    assert cold.io.requests < groups // 2
