@@ -190,6 +190,37 @@ class SuperfileReader:
 
         return self._cache.get_or_load(self.cache_key("ids"), load)
 
+    def ids_of(self, rows: np.ndarray) -> np.ndarray:
+        """The ``_id`` of ``rows``, reading only their row groups (kept by row group).
+
+        A cold query returning only ids reads the row groups of its hits, not
+        the whole column (a request per row group of the superfile).
+        """
+        rows = np.asarray(rows, dtype=np.int64)
+        groups = [int(g) for g in self.row_groups_of(rows)]
+        found: Dict[int, np.ndarray] = {}
+        missing = []
+        for g in groups:
+            hit = self._cache.get(self.cache_key("ids", g))
+            if hit is None:
+                missing.append(g)
+            else:
+                found[g] = hit
+        if missing:
+            col = self._file.read_row_groups(missing, columns=["_id"]).column(0).to_numpy()
+            at = 0
+            for g in missing:
+                n = int(self._rg_starts[g + 1] - self._rg_starts[g])
+                part = col[at:at + n].copy()
+                found[g] = self._cache.put(self.cache_key("ids", g), part, part.nbytes)
+                at += n
+        g_of = np.searchsorted(self._rg_starts, rows, side="right") - 1
+        out = np.empty(len(rows), dtype=np.int64)
+        for g in groups:
+            m = g_of == g
+            out[m] = found[g][rows[m] - self._rg_starts[g]]
+        return out
+
     def row_groups_of(self, rows: np.ndarray) -> np.ndarray:
         return np.unique(np.searchsorted(self._rg_starts, rows, side="right") - 1)
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
-from typing import Any, Dict, Iterable, List, Literal, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Literal, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from beam_supertable import deletes as dv
 from beam_supertable.errors import (
@@ -25,6 +27,7 @@ from beam_supertable.reader import IOStats, SuperfileReader
 from beam_supertable.schema import ID, Data, conform, vector_dim
 from beam_supertable.store import ObjectStore
 from beam_supertable.superfile import VectorSpec, vectors_of
+from beam_supertable.vector import calibrate
 from beam_supertable.vector import grid as grid_mod
 from beam_supertable.vector import search as vector_search
 from beam_supertable.vector.metric import check_metric, nearest, prepare
@@ -72,6 +75,9 @@ class Supertable:
         self._snapshot = snapshot
         self._cache = ByteCache(cache_bytes)
         self._grid: Optional[tuple] = None   # (path, centroids) of the grid last read
+        self._law_cache: tuple = (None, None)
+        self._entry_cells: Dict[str, frozenset] = {}
+        self._written: Optional[tuple] = None   # (entry ids, rows) of the commit under way
         self.io = IOStats()
 
     # -- opening ---------------------------------------------------------
@@ -101,7 +107,8 @@ class Supertable:
             vector_column: a ``fixed_size_list<float>`` column to index.
             metric: ``"l2"`` (squared Euclidean), ``"cosine"`` or ``"dot"``.
             fts_columns: string columns indexed together for BM25.
-            n_cells: grid size; by default about sqrt(rows of the first commit).
+            n_cells: grid size; by default ``vector.grid.default_n_cells`` of the
+                rows of the first commit (~2.5 sqrt(rows) for large tables).
             replica_factor: share of rows also posted to their second-nearest
                 cell (vector-only), for rows within that share of the boundary.
             stop_words: words the tokenizer drops (none by default).
@@ -422,6 +429,8 @@ class Supertable:
             # landed finds its own keys live.)
             mutation.request(self._snapshot)
         entries, stamp = self.write_superfiles(table, n_shards=n_shards, conformed=True)
+        # The probe law of this commit samples these rows, not read back.
+        self._written = (frozenset(e["id"] for e in entries), table)
         return self.commit_superfiles(entries, mutation, grids=stamp.values(),
                                       max_retries=max_retries)
 
@@ -464,9 +473,32 @@ class Supertable:
         return write_superfiles(self._store, table, self.layout(), centroids, grid_id,
                                 n_shards), stamp
 
-    def commit(self, request: CommitRequest, **kwargs) -> int:
-        """Commits a prepared request; this handle moves to the version it landed in."""
-        self._snapshot = self._manifest.commit(request, **kwargs)
+    def commit(self, request: CommitRequest, *,
+               rebuild: Optional[Callable[[Snapshot], Optional[CommitRequest]]] = None,
+               **kwargs) -> int:
+        """Commits a prepared request; this handle moves to the version it landed in.
+
+        A commit that adds vector rows also stamps the table's probe law when
+        one is due on the base it lands on (``vector.calibrate``: the first
+        vector commit, a new grid, or a table grown twofold since the law
+        was measured). A request rebuilt on a newer base (``rebuild``, a
+        lost race) is stamped again for that base; its rows are measured once.
+
+        Args:
+            request: the request (its ``add_entries`` are written already).
+            rebuild: ``base -> request`` on that base, or None when nothing
+                is left to commit (see ``Manifest.commit``).
+            **kwargs: ``max_retries``, ``base``: as for ``Manifest.commit``.
+        """
+        law = self._commit_law(request)
+        if law is not None:
+            inner = rebuild
+
+            def rebuild(base: Snapshot) -> Optional[CommitRequest]:
+                req = request if inner is None else inner(base)
+                return None if req is None else self._with_probe_law(req, base, law)
+
+        self._snapshot = self._manifest.commit(request, rebuild=rebuild, **kwargs)
         return self._snapshot.version
 
     def commit_superfiles(self, entries: Sequence[dict], mutation: Optional[Mutation] = None,
@@ -502,6 +534,47 @@ class Supertable:
             return mutation.request(base, entries=ready, stamp=stamp)
 
         return self.commit(mutation.draft(entries), max_retries=max_retries, rebuild=rebuild)
+
+    def _commit_law(self, request: CommitRequest) -> Optional[calibrate.CommitLaw]:
+        """The probe-law measurement of a request adding vector rows, else None."""
+        written, self._written = self._written, None
+        vp = self._vector_props()
+        if vp is None or not request.add_entries:
+            return None
+
+        def read_vectors(entry: dict, rows: np.ndarray) -> np.ndarray:
+            # One GET of the new superfile, not a ranged read per row group.
+            data = self._store.get(entry["path"])
+            col = pq.read_table(pa.BufferReader(data), columns=[vp["column"]])
+            return vectors_of(col, vp["column"], vp["dim"])[rows]
+
+        # Rows this handle just wrote are sampled in memory, not read back.
+        held = written[1] if written is not None and \
+            {e["id"] for e in request.add_entries} <= written[0] else None
+        return calibrate.CommitLaw(
+            vp["metric"], request.add_entries, read_vectors,
+            None if held is None else
+            (lambda rows: vectors_of(held.take(pa.array(rows)), vp["column"], vp["dim"])))
+
+    def _with_probe_law(self, request: CommitRequest, base: Snapshot,
+                        law: calibrate.CommitLaw) -> CommitRequest:
+        """``request`` stamped with the probe law due on ``base`` (if any)."""
+        grid = request.set_properties.get("grid") or base.properties.get("grid")
+        if grid is None:
+            return request
+
+        def centroids() -> np.ndarray:
+            if self._grid is not None and self._grid[0] == grid["path"]:
+                return self._grid[1]
+            return grid_mod.from_bytes(self._store.get(grid["path"]))
+
+        doc = law.for_base(base.properties.get(calibrate.LAW_PROPERTY), grid["sha256"],
+                           base.totals.get("rows", 0), centroids)
+        if doc is None:
+            return request
+        return dataclasses.replace(
+            request, set_properties={**request.set_properties, calibrate.LAW_PROPERTY: doc},
+            replace_properties=tuple(request.replace_properties) + (calibrate.LAW_PROPERTY,))
 
     def delete(self, filter: pc.Expression, *, token: Optional[str] = None,  # noqa: A002
                metadata: Optional[Dict[str, Any]] = None, frontier: Optional[int] = None,
@@ -609,7 +682,8 @@ class Supertable:
     # -- search ------------------------------------------------------------
     def search(self, vector=None, text: Optional[str] = None, k: int = 10,
                nprobe: Optional[int] = None, filter: Optional[pc.Expression] = None,  # noqa: A002
-               columns: Optional[Sequence[str]] = None) -> pa.Table:
+               columns: Optional[Sequence[str]] = None, *,
+               recall_target: Optional[float] = None) -> pa.Table:
         """Nearest neighbours, BM25 matches, or both fused by reciprocal rank.
 
         Args:
@@ -618,10 +692,13 @@ class Supertable:
             text: words rank by BM25 (OR); ``+word`` requires a word; ``"a b"``
                 requires the phrase.
             k: results per query (> 0).
-            nprobe: cells probed per vector query (default
-                ``vector.search.default_nprobe``: ``ceil(0.45·sqrt(n_cells))``).
+            nprobe: the most cells a vector query probes (a positive int).
             filter: a pyarrow expression rows must pass.
             columns: user columns to return (default: all).
+            recall_target: the recall@10 vector queries should reach, in
+                (0, 1] (default 0.95); the table's probe law, measured on its
+                own rows when it was written, says how many cells that takes.
+                1.0 probes every cell. Give this or ``nprobe``, not both.
 
         Returns:
             The user columns, ``_id``, and ``_distance`` (vector; smaller is
@@ -631,6 +708,7 @@ class Supertable:
             raise ValueError(f"{self.uri}: k must be a positive int, got {k!r}")
         if vector is None and text is None:
             raise ValueError(f"{self.uri}: search needs vector=..., text=... or both")
+        vector_search.check_probe_args(self.uri, nprobe, recall_target)
         names = list(self.user_schema.names if columns is None else columns)
         unknown = [c for c in names if c not in self.user_schema.names]
         if unknown:
@@ -659,7 +737,7 @@ class Supertable:
         entries = pruned(self.superfiles(), filter, self.schema)
         allowed = self._allowed(entries, filter)
         depth = k if (queries is None or text is None) else max(k * 4, 50)
-        vec = self._vector_hits(queries, depth, nprobe, entries, allowed) \
+        vec = self._vector_hits(queries, depth, nprobe, entries, allowed, recall_target) \
             if queries is not None else None
         txt = None
         if text is not None:
@@ -695,7 +773,7 @@ class Supertable:
 
         return allowed
 
-    def _vector_hits(self, queries, depth, nprobe, entries, allowed):
+    def _vector_hits(self, queries, depth, nprobe, entries, allowed, recall_target=None):
         vp = self._vector_props()
         centroids = self.grid()
         if centroids is None or not entries:
@@ -703,27 +781,49 @@ class Supertable:
         metric = vp["metric"]
         q = prepare(queries, metric)
         n_cells = len(centroids)
-        probe = nprobe or vector_search.default_nprobe(n_cells)
+        sha = self._snapshot.properties["grid"]["sha256"]
+        law = self._probe_law()
+        probe = nprobe or calibrate.nprobe_for_target(law, sha, n_cells, recall_target)
         out: List[list] = [[] for _ in range(len(q))]
         todo = np.arange(len(q))
+        if len(self._entry_cells) > 2 * self._snapshot.totals.get("superfiles", 0) + 1024:
+            self._entry_cells.clear()   # (superfiles of older versions)
+        # Bounds need every row assigned to its nearest centre of this grid.
+        bounded = all(e.get("grid") == sha for e in entries if e.get("cells"))
         while len(todo):
-            probes = nearest(q[todo], centroids, metric, probe)
-            wanted = set(np.unique(probes).tolist())
-            live = [si for si, e in enumerate(entries)
-                    if wanted & (set(e.get("cells", ())) | set(e.get("replica_cells", ())))]
+            probes = vector_search.rank_cells(q[todo], centroids, metric, probe,
+                                              bounded and calibrate.adaptive(law, sha, probe))
+            wanted = set(np.unique(probes.cells).tolist())
+            live = [si for si, e in enumerate(entries) if not wanted.isdisjoint(self._cells_of(e))]
             indexes = [self._reader(entries[si]).vector_index() for si in live]
             sub_allowed = None if allowed is None else (lambda i, rows: allowed(live[i], rows))
-            found = vector_search.vector_search(indexes, q[todo], probes, metric, depth, sub_allowed)
-            short = []
-            for j, qi in enumerate(todo):
-                out[qi] = [(d, live[si], row) for d, si, row in found[j]]
-                if len(out[qi]) < depth:
-                    short.append(qi)
+            dist, sfs, rows = vector_search.vector_search(
+                indexes, q[todo], probes, metric, depth, sub_allowed)
+            found = (rows >= 0).sum(axis=1).tolist()
+            sfs = np.asarray(live or [0])[np.maximum(sfs, 0)]
+            for qi, n, d, si, row in zip(todo.tolist(), found, dist.tolist(), sfs.tolist(),
+                                         rows.tolist()):
+                out[qi] = list(zip(d[:n], si[:n], row[:n]))
+            short = [qi for qi, n in zip(todo.tolist(), found) if n < depth]
             if nprobe is not None or probe >= n_cells or allowed is None:
                 break
             # A selective filter left too few rows in the probed cells: widen.
             todo, probe = np.array(short, dtype=np.int64), min(n_cells, probe * 2)
         return out
+
+    def _cells_of(self, entry: dict) -> frozenset:
+        cells = self._entry_cells.get(entry["id"])
+        if cells is None:
+            cells = self._entry_cells[entry["id"]] = frozenset(
+                entry.get("cells", ())) | frozenset(entry.get("replica_cells", ()))
+        return cells
+
+    def _probe_law(self) -> Optional[calibrate.ProbeLaw]:
+        """This version's probe law (parsed once per version)."""
+        doc = self._snapshot.properties.get(calibrate.LAW_PROPERTY)
+        if self._law_cache[0] is not doc:
+            self._law_cache = (doc, calibrate.ProbeLaw.from_json(doc))
+        return self._law_cache[1]
 
     def _materialize(self, results, names, single, with_vec, with_text) -> pa.Table:
         """One table of hits: each superfile read once for all queries' rows."""
@@ -750,7 +850,7 @@ class Supertable:
             if names:
                 parts.append(reader.take(uniq, columns=[ID] + list(names)))
             else:
-                parts.append(pa.table({ID: reader.ids()[uniq]}))
+                parts.append(pa.table({ID: reader.ids_of(uniq)}))
             where[mask] = base + inverse
             base += len(uniq)
         table = pa.concat_tables(parts).take(pa.array(where))

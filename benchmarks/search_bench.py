@@ -1,181 +1,481 @@
-"""Supertable search quality and speed, each against a baseline in the same run.
+"""Supertable search quality and speed on four data shapes, each against baselines in the same run.
 
-    python -m benchmarks.search_bench                 # everything
-    python -m benchmarks.search_bench --only vectors  # or: digits, text, ingest
+    python -m benchmarks.search_bench                  # everything, full sizes (the README's figures)
+    python -m benchmarks.search_bench --quick          # smaller sizes, for iterating
+    python -m benchmarks.search_bench --only shapes    # or: text, cold, ingest
+    python -m benchmarks.search_bench --only shapes --shapes a,b
+
+Shapes (recall@10 of held-out queries against exact brute force):
+
+    (a) overlapping Gaussian clusters: 200,000 x 128, 1,000 centres, unit noise
+    (b) well-separated clusters: the same with the centres scaled 5x
+    (c) LSA embeddings (TF-IDF + TruncatedSVD to 128 dims, cosine) of the
+        docstring paragraphs of Python's standard library (read from the
+        installed sources: nothing is downloaded)
+    (d) scikit-learn's digits (1,797 x 64)
+
+For each: recall at default settings (the table's calibrated probe law),
+batch q/s against numpy brute force and faiss ``IndexIVFScalarQuantizer``
+(SQ8, 1,024 lists, or N/39 on small sets, at the smallest nprobe reaching
+recall 0.95), and single-query p50/p99 on a warm handle. Also: a cold query
+on an S3 server (round trips and bytes), BM25 query latency against bm25s,
+and ingest against LanceDB.
 
 Needs the benchmark extras: pip install -e .[bench] (faiss-cpu, bm25s, lancedb).
+Timings are the best of several runs: a shared machine is noisy.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import inspect
+import ast
+import json
 import os
 import platform
+import re
 import shutil
+import socket
+import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 import warnings
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from beam_supertable import Supertable
 from beam_supertable.fts.tokenize import tokenize
-from beam_supertable.vector.metric import nearest
+from beam_supertable.vector import calibrate
+from beam_supertable.vector.metric import prepare
 
-N, DIM, CLUSTERS, QUERIES, K = 200_000, 128, 1_000, 1_000, 10
-CENTER_SCALE = 1.0   # cluster centres ~1.4x as far apart as a point from its centre
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+K = 10
+TARGET = 0.95
+FAISS_LISTS = 1_024
+FAISS_MIN_PER_LIST = 39       # faiss wants at least this many training points per list
 WORDS = ("alpha beta gamma delta river stone cloud forest ember frost lumen quartz "
          "violet amber orbit pixel signal vector cipher harbor meadow summit").split()
 
+FULL = {"n": 200_000, "clusters": 1_000, "queries": 1_000, "single": 1_000, "repeat": 7,
+        "cold_n": 50_000}
+QUICK = {"n": 50_000, "clusters": 250, "queries": 500, "single": 300, "repeat": 3,
+         "cold_n": 20_000}
 
-def clustered(n, dim, seed=0):
+
+# -- data shapes --------------------------------------------------------------
+def clustered(n, queries, clusters, scale, dim=128, seed=0):
+    """Rows and held-out queries around ``clusters`` Gaussian centres (scaled)."""
     rng = np.random.default_rng(seed)
-    centers = rng.normal(size=(CLUSTERS, dim)).astype(np.float32) * CENTER_SCALE
-    x = centers[rng.integers(0, CLUSTERS, n)] + rng.normal(size=(n, dim)).astype(np.float32)
-    q = centers[rng.integers(0, CLUSTERS, QUERIES)] + rng.normal(size=(QUERIES, dim)).astype(np.float32)
-    body = [" ".join(rng.choice(WORDS, 6)) for _ in range(n)]
-    return x.astype(np.float32), q.astype(np.float32), body
+    centers = rng.normal(size=(clusters, dim)).astype(np.float32) * scale
+    x = centers[rng.integers(0, clusters, n)] + rng.normal(size=(n, dim)).astype(np.float32)
+    q = centers[rng.integers(0, clusters, queries)] + rng.normal(size=(queries, dim)).astype(np.float32)
+    return x.astype(np.float32), q.astype(np.float32)
 
 
-def arrow_rows(x, body):
-    return pa.table({"body": body, "emb": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), x.shape[1])})
+def stdlib_paragraphs():
+    """Docstring paragraphs (>= 40 characters) of the installed standard library's sources.
+
+    Parsed with ``ast`` (no module is imported) and cached under benchmarks/data/.
+    """
+    path = os.path.join(DATA, f"stdlib_paragraphs_{sys.version_info[0]}{sys.version_info[1]}.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    root = sysconfig.get_paths()["stdlib"]
+    docs = []
+    for here, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in ("site-packages", "__pycache__", "idlelib",
+                                                      "turtledemo"))
+        for name in sorted(files):
+            if not name.endswith(".py"):
+                continue
+            try:
+                with open(os.path.join(here, name), encoding="utf-8") as f:
+                    tree = ast.parse(f.read())
+            except (SyntaxError, UnicodeDecodeError, ValueError):
+                continue
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                    doc = ast.get_docstring(node)
+                    if doc:
+                        docs.append(doc)
+    out = []
+    for doc in dict.fromkeys(docs):
+        for para in re.split(r"\n\s*\n", doc):
+            para = " ".join(para.split())
+            if len(para) >= 40:
+                out.append(para)
+    out = list(dict.fromkeys(out))
+    os.makedirs(DATA, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(out, f)
+    return out
 
 
-def recall_of(t, queries, truth_pos, ids_in_order, k=K, **kw):
-    pos = {i: j for j, i in enumerate(ids_in_order)}
-    got = t.search(vector=queries, k=k, columns=[], **kw)
-    qcol = got["_query"].to_numpy()
-    ids = got["_id"].to_numpy()
-    hits = 0
-    for qi in range(len(queries)):
-        mine = {pos[i] for i in ids[qcol == qi]}
-        hits += len(mine & set(truth_pos[qi].tolist()))
-    return hits / (k * len(queries))
+def lsa(queries, dim=128, seed=0):
+    from sklearn.decomposition import TruncatedSVD
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    docs = stdlib_paragraphs()
+    tfidf = TfidfVectorizer(sublinear_tf=True, min_df=2).fit_transform(docs)
+    x = TruncatedSVD(dim, random_state=seed).fit_transform(tfidf).astype(np.float32)
+    perm = np.random.default_rng(seed).permutation(len(x))
+    return x[perm[queries:]], x[perm[:queries]]
 
 
-def best_of(fn, repeat=5):
-    """Seconds of the fastest of ``repeat`` runs (a shared 2-core machine is noisy)."""
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+def digits(queries=300, seed=0):
+    from sklearn.datasets import load_digits
+    x = load_digits().data.astype(np.float32)
+    perm = np.random.default_rng(seed).permutation(len(x))
+    return x[perm[queries:]], x[perm[:queries]]
 
 
-def brute_force(x, q, k=K):
-    xn = (x * x).sum(1)
+def shapes(cfg, which):
+    out = []
+    if "a" in which:
+        out.append(("a", "overlapping clusters", "l2",
+                    *clustered(cfg["n"], cfg["queries"], cfg["clusters"], 1.0)))
+    if "b" in which:
+        out.append(("b", "well-separated clusters (centres x5)", "l2",
+                    *clustered(cfg["n"], cfg["queries"], cfg["clusters"], 5.0)))
+    if "c" in which:
+        out.append(("c", "LSA of stdlib docstring paragraphs", "cosine",
+                    *lsa(min(cfg["queries"], 1_000))))
+    if "d" in which:
+        out.append(("d", "scikit-learn digits", "l2", *digits()))
+    return out
+
+
+# -- measuring ----------------------------------------------------------------
+def brute_force(x, q, metric, k=K):
+    """numpy exact top-k: one matrix product per 256 queries, then argpartition."""
+    xp, qp = prepare(x, metric), prepare(q, metric)
+    xn = (xp * xp).sum(1) if metric == "l2" else 0
     out = np.empty((len(q), k), np.int64)
     for s in range(0, len(q), 256):
-        d = xn[None, :] - 2 * q[s:s + 256] @ x.T
+        d = xn - 2 * qp[s:s + 256] @ xp.T if metric == "l2" else -(qp[s:s + 256] @ xp.T)
         part = np.argpartition(d, k, axis=1)[:, :k]
         out[s:s + 256] = np.take_along_axis(part, np.take_along_axis(d, part, 1).argsort(1), 1)
     return out
 
 
-def table_ids_and_vectors(t):
+def recall(found, truth):
+    return float(np.mean([len(set(f.tolist()) & set(t.tolist())) / K for f, t in zip(found, truth)]))
+
+
+def table_rows(t):
     rows = t.to_arrow(columns=["_id", "emb"])
     x = np.asarray(rows["emb"].combine_chunks().flatten().to_numpy(), np.float32).reshape(rows.num_rows, -1)
-    return rows["_id"].to_pylist(), x
+    return rows["_id"].to_numpy(), x
 
 
-def bench_digits():
-    from sklearn.datasets import load_digits
-    x = load_digits().data.astype(np.float32)
-    d = tempfile.mkdtemp()
-    t = Supertable.create(f"{d}/digits", pa.schema([("emb", pa.list_(pa.float32(), 64))]),
-                          vector_column="emb")
-    t.append(pa.table({"emb": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), 64)}))
-    ids, xs = table_ids_and_vectors(t)
-    truth = nearest(x, xs, "l2", K)
+def found_ids(got, n_queries):
+    qcol, ids = got["_query"].to_numpy(), got["_id"].to_numpy()
+    order = np.argsort(qcol, kind="stable")
+    return np.split(ids[order], np.searchsorted(qcol[order], np.arange(1, n_queries)))
+
+
+def faiss_index(x, q, metric, truth_pos):
+    """faiss IVF-SQ8 at the smallest nprobe reaching recall 0.95.
+
+    Returns:
+        ``(search, nprobe, recall, lists)``: ``search()`` runs the query batch.
+    """
+    import faiss
+    xp, qp = prepare(x, metric), prepare(q, metric)
+    lists = int(max(1, min(FAISS_LISTS, len(x) // FAISS_MIN_PER_LIST)))
+    kind = faiss.METRIC_L2 if metric == "l2" else faiss.METRIC_INNER_PRODUCT
+    quantizer = faiss.IndexFlatL2(x.shape[1]) if metric == "l2" else faiss.IndexFlatIP(x.shape[1])
+    index = faiss.IndexIVFScalarQuantizer(quantizer, x.shape[1], lists,
+                                          faiss.ScalarQuantizer.QT_8bit, kind)
+    rng = np.random.default_rng(0)
+    index.train(xp[rng.choice(len(xp), min(len(xp), 40 * lists), replace=False)])
+    index.add(xp)
+    ladder = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, lists)
+    for nprobe in sorted({p for p in ladder if p <= lists}):
+        index.nprobe = nprobe
+        rec = recall(index.search(qp, K)[1], truth_pos)
+        if rec >= TARGET or nprobe == lists:
+            return (lambda: index.search(qp, K)), nprobe, rec, lists
+    raise AssertionError("unreachable")
+
+
+def interleaved(fns, repeat):
+    """Best seconds of each function, the runs interleaved so that load drift hits all alike."""
+    best = {name: float("inf") for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return best
+
+
+def bench_shape(cfg, key, name, metric, x, q, extra_columns):
+    dim = x.shape[1]
+    d = tempfile.mkdtemp(prefix="search-bench-")
+    cols = {"emb": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), dim)}
+    if extra_columns:
+        rng = np.random.default_rng(1)
+        cols = {"n": np.arange(len(x)), "body": [" ".join(rng.choice(WORDS, 6)) for _ in range(len(x))],
+                **cols}
+    data = pa.table(cols)
+    t = Supertable.create(f"{d}/t", data.schema, vector_column="emb", metric=metric)
+    t0 = time.perf_counter()
+    t.append(data)
+    ingest = time.perf_counter() - t0
+    t = Supertable.open(f"{d}/t")
+    law = t.properties[calibrate.LAW_PROPERTY]
     n_cells = t.properties["grid"]["n_cells"]
-    from beam_supertable.vector.search import default_nprobe
-    r = recall_of(t, x, truth, ids)
-    print(f"digits (1,797 x 64, real): recall@10 {r:.3f} at default nprobe "
-          f"{default_nprobe(n_cells)}/{n_cells} cells ({default_nprobe(n_cells) / n_cells:.1%})")
+    nprobe = law["targets"]["0.95"]
+    # What the law's measurement cost, against the append that triggered it.
+    centroids = t.grid()
+    t0 = time.perf_counter()
+    calibrate.measure(x, centroids, metric, "bench")
+    cal = time.perf_counter() - t0
+    ids, xs = table_rows(t)
+    pos = {int(i): j for j, i in enumerate(ids)}
+    truth = brute_force(xs, q, metric)
+    got = t.search(vector=q, k=K, columns=[])
+    rec = recall([np.array([pos[int(i)] for i in f]) for f in found_ids(got, len(q))], truth)
+    faiss_search, faiss_nprobe, faiss_rec, lists = faiss_index(xs, q, metric, truth)
+    best = interleaved({"ours": lambda: t.search(vector=q, k=K, columns=[]),
+                        "brute": lambda: brute_force(x, q, metric),
+                        "faiss": faiss_search}, cfg["repeat"])
+    warm, bf, faiss_qps = best["ours"], best["brute"], len(q) / best["faiss"]
+    lat, lat_rows = [], []
+    n_single = min(cfg["single"], len(q))
+    for i in range(n_single):
+        t0 = time.perf_counter()
+        t.search(vector=q[i], k=K, columns=[])
+        lat.append(time.perf_counter() - t0)
+    for i in range(n_single):
+        t0 = time.perf_counter()
+        t.search(vector=q[i], k=K)
+        lat_rows.append(time.perf_counter() - t0)
+    lat, lat_rows = np.array(lat) * 1e3, np.array(lat_rows) * 1e3
+    qps = len(q) / warm
+    out = {
+        "shape": key, "name": name, "rows": len(x), "dim": dim, "metric": metric,
+        "queries": len(q), "cells": n_cells, "nprobe": nprobe, "recall": rec,
+        "qps": qps, "brute_qps": len(q) / bf, "faiss_qps": faiss_qps,
+        "faiss_nprobe": faiss_nprobe, "faiss_recall": faiss_rec, "faiss_lists": lists,
+        "p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99)),
+        "p50_rows": float(np.percentile(lat_rows, 50)), "p99_rows": float(np.percentile(lat_rows, 99)),
+        "ingest_s": ingest, "calibrate_s": cal,
+    }
+    print(f"({key}) {name}: {len(x):,} x {dim} ({metric}), {len(q):,} held-out queries\n"
+          f"    recall@10 {rec:.3f} at default (law: nprobe {nprobe} of {n_cells} cells); "
+          f"law measured in {cal:.2f} s ({cal / ingest:.0%} of the {ingest:.1f} s append)\n"
+          f"    batch {qps:,.0f} q/s | numpy brute force {out['brute_qps']:,.0f} q/s "
+          f"({qps / out['brute_qps']:.1f}x) | faiss IVF-SQ8 {lists} lists nprobe {faiss_nprobe} "
+          f"(recall {faiss_rec:.3f}) {faiss_qps:,.0f} q/s ({qps / faiss_qps:.2f}x)\n"
+          f"    single query p50 {out['p50']:.2f} ms p99 {out['p99']:.2f} ms (_id, _distance); "
+          f"with every column p50 {out['p50_rows']:.2f} ms p99 {out['p99_rows']:.2f} ms", flush=True)
+    shutil.rmtree(d)
+    return out
+
+
+def bench_shapes(cfg, which):
+    results = []
+    for key, name, metric, x, q in shapes(cfg, which):
+        results.append(bench_shape(cfg, key, name, metric, x, q, extra_columns=key in "ab"))
+    if results:
+        print("\n| shape | rows | recall@10 (default) | nprobe / cells | batch q/s | x brute force | "
+              "x faiss IVF-SQ8 | single p50 / p99 | with rows p50 / p99 |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for r in results:
+            print(f"| ({r['shape']}) {r['name']} | {r['rows']:,} x {r['dim']} | {r['recall']:.3f} | "
+                  f"{r['nprobe']} / {r['cells']} | {r['qps']:,.0f} | {r['qps'] / r['brute_qps']:.1f}x | "
+                  f"{r['qps'] / r['faiss_qps']:.2f}x (nprobe {r['faiss_nprobe']} of {r['faiss_lists']}) | "
+                  f"{r['p50']:.2f} / {r['p99']:.2f} ms | {r['p50_rows']:.2f} / {r['p99_rows']:.2f} ms |")
+    return results
+
+
+# -- a cold query on an S3 server -----------------------------------------------
+class _Counting:
+    """Counts object-store calls (round trips) and bytes, of every handle, while active."""
+
+    CALLS = ("get", "get_range", "exists", "head", "list")
+
+    def __init__(self):
+        from beam_supertable.store import ObjectStore
+        self._cls, self._saved = ObjectStore, {}
+        self.calls, self.bytes = {}, 0
+
+    def __enter__(self):
+        for name in self.CALLS:
+            self._saved[name] = getattr(self._cls, name)
+            setattr(self._cls, name, self._wrap(name, self._saved[name]))
+        return self
+
+    def __exit__(self, *exc):
+        for name, fn in self._saved.items():
+            setattr(self._cls, name, fn)
+
+    def _wrap(self, name, fn):
+        def counted(store, *args, **kwargs):
+            out = fn(store, *args, **kwargs)
+            self.calls[name] = self.calls.get(name, 0) + 1
+            if isinstance(out, (bytes, bytearray)):
+                self.bytes += len(out)
+            return out
+        return counted
+
+
+def _moto():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    exe = os.path.join(os.path.dirname(sys.executable), "moto_server")
+    cmd = [exe] if os.path.exists(exe) else [sys.executable, "-m", "moto.server"]
+    proc = subprocess.Popen(cmd + ["-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    import boto3
+    boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="x", aws_secret_access_key="x",
+                 region_name="us-east-1").create_bucket(Bucket="bench")
+    return proc, {"key": "x", "secret": "x",
+                  "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
+
+
+def bench_cold(cfg):
+    """One query on a fresh handle of a table on a local S3 server: round trips and bytes."""
+    proc, options = _moto()
+    try:
+        x, q = clustered(cfg["cold_n"], 20, cfg["clusters"], 1.0)
+        rng = np.random.default_rng(1)
+        data = pa.table({"n": np.arange(len(x)), "body": [" ".join(rng.choice(WORDS, 6)) for _ in range(len(x))],
+                         "emb": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), x.shape[1])})
+        uri = "s3://bench/cold"
+        t = Supertable.create(uri, data.schema, vector_column="emb", storage_options=options)
+        spent, for_base = [], calibrate.CommitLaw.for_base
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return for_base(*args, **kwargs)
+            finally:
+                spent.append(time.perf_counter() - t0)
+
+        calibrate.CommitLaw.for_base = timed
+        try:
+            t0 = time.perf_counter()
+            t.append(data)
+            append_s = time.perf_counter() - t0
+        finally:
+            calibrate.CommitLaw.for_base = for_base
+        print(f"append of {len(x):,} rows to S3 (moto): {append_s:.1f} s, of which the probe law "
+              f"{sum(spent):.2f} s ({sum(spent) / append_s:.0%}; the rows are sampled in memory, "
+              f"nothing is read back)", flush=True)
+        size = sum(e["bytes"] for e in t.superfiles())
+        results = []
+        for columns, label in (([], "_id, _distance"), (None, "every column")):
+            samples = []
+            for i in range(5):
+                with _Counting() as counter:
+                    t0 = time.perf_counter()
+                    cold = Supertable.open(uri, storage_options=options)
+                    cold.search(vector=q[i], k=K, columns=columns)
+                    el = time.perf_counter() - t0
+                samples.append((el, sum(counter.calls.values()), counter.bytes, dict(counter.calls)))
+            el, calls, nbytes, detail = sorted(samples)[len(samples) // 2]
+            results.append((label, el, calls, nbytes, detail))
+            print(f"cold query on S3 (moto, {len(x):,} x 128, {len(t.superfiles())} superfiles, "
+                  f"{size:,} bytes), open + one query returning {label}: {calls} round trips "
+                  f"({', '.join(f'{k} {v}' for k, v in sorted(detail.items()))}), "
+                  f"{nbytes:,} bytes ({nbytes / size:.2%} of the table), {el * 1e3:.0f} ms "
+                  f"(median of 5 fresh handles)", flush=True)
+        return results
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+# -- text -------------------------------------------------------------------------
+def bench_text(cfg):
+    import bm25s
+    docs = stdlib_paragraphs()
+    rng = np.random.default_rng(0)
+    tokens = [tokenize(doc) for doc in docs]
+    queries = []
+    for i in rng.choice(len(docs), 300, replace=False):
+        words = [w for w in tokens[i] if len(w) > 3]
+        if len(words) >= 2:
+            queries.append(" ".join(rng.choice(words, min(3, len(words)), replace=False)))
+    d = tempfile.mkdtemp(prefix="search-bench-")
+    t = Supertable.create(f"{d}/docs", pa.schema([("n", pa.int64()), ("doc", pa.string())]),
+                          fts_columns=["doc"])
+    for chunk in np.array_split(np.arange(len(docs)), 4):  # four superfiles
+        t.append(pa.table({"n": chunk, "doc": [docs[i] for i in chunk]}))
+    t = Supertable.open(f"{d}/docs")
+    retriever = bm25s.BM25(method="lucene", k1=1.2, b=0.75)
+    retriever.index(tokens, show_progress=False)
+    for qq in queries[:20]:  # warm both
+        t.search(text=qq, k=K)
+        retriever.retrieve([tokenize(qq)], k=K, show_progress=False)
+    ours, ids_only, theirs, agree, tie_agree, total = [], [], [], 0, 0, 0
+    for qq in queries:
+        t0 = time.perf_counter()
+        t.search(text=qq, k=K, columns=[])
+        ids_only.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        got = t.search(text=qq, k=K)
+        ours.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        res, scores = retriever.retrieve([tokenize(qq)], k=K, show_progress=False)
+        theirs.append(time.perf_counter() - t0)
+        mine, my_scores = got["n"].to_pylist(), got["_score"].to_pylist()
+        kept = [(i, s) for i, s in zip(res[0].tolist(), scores[0].tolist()) if s > 0]
+        for p, (i, s) in enumerate(kept):
+            total += 1
+            if p < len(mine) and mine[p] == i:
+                agree += 1
+                tie_agree += 1
+            elif p < len(mine) and abs(my_scores[p] / 2.2 - s) <= 1e-4 * max(1, s):
+                tie_agree += 1  # a different row with the same score: a tie
+    ours, ids_only, theirs = (np.array(v) * 1e3 for v in (ours, ids_only, theirs))
+    print(f"text: {len(docs):,} stdlib docstring paragraphs in 4 superfiles, {len(queries)} queries "
+          f"(3 words, OR), k=10, warm handle:\n"
+          f"    supertable BM25 returning _id, _score: p50 {np.percentile(ids_only, 50):.2f} ms "
+          f"p99 {np.percentile(ids_only, 99):.2f} ms; returning the rows: p50 "
+          f"{np.percentile(ours, 50):.2f} ms p99 {np.percentile(ours, 99):.2f} ms\n"
+          f"    bm25s (lucene, k1=1.2, b=0.75, same tokens; retrieve, document numbers only): p50 "
+          f"{np.percentile(theirs, 50):.2f} ms p99 {np.percentile(theirs, 99):.2f} ms "
+          f"(ratio of p50s, ids: {np.percentile(ids_only, 50) / np.percentile(theirs, 50):.2f}x)\n"
+          f"    top-10 positions equal to bm25s {agree / total:.1%}, counting equal-score ties "
+          f"{tie_agree / total:.1%}", flush=True)
     shutil.rmtree(d)
 
 
-def bench_vectors_and_ingest(only_vectors=False):
-    x, q, body = clustered(N, DIM)
-    data = arrow_rows(x, body)
-    d = tempfile.mkdtemp()
+# -- ingest -----------------------------------------------------------------------
+def bench_ingest(cfg):
+    x, _ = clustered(cfg["n"], 1, cfg["clusters"], 1.0)
+    rng = np.random.default_rng(0)
+    data = pa.table({"body": [" ".join(rng.choice(WORDS, 6)) for _ in range(len(x))],
+                     "emb": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), x.shape[1])})
+    d = tempfile.mkdtemp(prefix="search-bench-")
     t0 = time.perf_counter()
     t = Supertable.create(f"{d}/t", data.schema, vector_column="emb", fts_columns=["body"])
     t.append(data)
     ingest = time.perf_counter() - t0
-    print(f"ingest: append of {N:,} rows ({DIM}-d + 6-word text): {ingest:.1f} s, "
-          f"{N / ingest:,.0f} rows/s ({len(t.superfiles())} superfiles)", flush=True)
-    if not only_vectors:
-        lance = bench_lancedb(data)
-        if lance:
-            print(f"  LanceDB write + IVF_PQ + FTS index: {lance:.1f} s, {N / lance:,.0f} rows/s; "
-                  f"ratio supertable/LanceDB {lance / ingest:.2f}x", flush=True)
-    t = Supertable.open(f"{d}/t")
-    ids, xs = table_ids_and_vectors(t)
-    truth = brute_force(xs, q)
-    n_cells = t.properties["grid"]["n_cells"]
-    from beam_supertable.vector.search import default_nprobe
-    nprobe = default_nprobe(n_cells)
-    before = t.io.snapshot()["bytes"]
-    t0 = time.perf_counter()
-    t.search(vector=q, k=K, columns=[])
-    cold = time.perf_counter() - t0
-    batch_bytes = t.io.snapshot()["bytes"] - before
-    r = recall_of(t, q, truth, ids)
-    warm = best_of(lambda: t.search(vector=q, k=K, columns=[]))
-    size = sum(e["bytes"] for e in t.superfiles())
-    print(f"vectors ({N:,} x {DIM}, clustered): recall@10 {r:.3f} at default nprobe "
-          f"{nprobe}/{n_cells} cells ({nprobe / n_cells:.1%}); {QUERIES:,} queries as one batch: "
-          f"cold {QUERIES / cold:,.0f} q/s, warm (best of 5) {QUERIES / warm:,.0f} q/s; "
-          f"the cold batch read {batch_bytes:,} of the table's {size:,} bytes", flush=True)
-    one = Supertable.open(f"{d}/t")
-    one.search(vector=q[0], k=K)
-    print(f"  one query on a cold handle reads {one.io.snapshot()['bytes']:,} bytes in "
-          f"{one.io.snapshot()['requests']} ranged reads ({one.io.snapshot()['bytes'] / size:.2%} of the table)")
-    bf = best_of(lambda: brute_force(x, q))
-    print(f"  numpy brute force: {QUERIES / bf:,.0f} q/s; supertable warm/brute force "
-          f"{bf / warm:.2f}x", flush=True)
-    faiss_qps, faiss_nprobe, faiss_recall = bench_faiss(x, q, truth_raw=brute_force(x, q), n_cells=n_cells, target=r)
-    if faiss_qps:
-        print(f"  faiss IndexIVFScalarQuantizer (SQ8, {n_cells} lists, nprobe {faiss_nprobe} "
-              f"-> recall {faiss_recall:.3f}): {faiss_qps:,.0f} q/s; supertable warm/faiss "
-              f"{(QUERIES / warm) / faiss_qps:.2f}x", flush=True)
+    print(f"ingest: append of {len(x):,} rows ({x.shape[1]}-d + 6-word text, probe law "
+          f"included): {ingest:.1f} s, {len(x) / ingest:,.0f} rows/s "
+          f"({len(t.superfiles())} superfiles)", flush=True)
     shutil.rmtree(d)
-
-
-def bench_faiss(x, q, truth_raw, n_cells, target):
-    try:
-        import faiss
-    except ImportError:
-        print("  faiss not installed: pip install -e .[bench]")
-        return None, None, None
-    quantizer = faiss.IndexFlatL2(x.shape[1])
-    index = faiss.IndexIVFScalarQuantizer(quantizer, x.shape[1], n_cells, faiss.ScalarQuantizer.QT_8bit)
-    index.train(x[np.random.default_rng(0).choice(len(x), min(len(x), 40 * n_cells), replace=False)])
-    index.add(x)
-    for nprobe in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128):
-        index.nprobe = nprobe
-        found = index.search(q, K)[1]
-        el = best_of(lambda: index.search(q, K))
-        rec = np.mean([len(set(found[i]) & set(truth_raw[i])) / K for i in range(len(q))])
-        if rec >= target:
-            return QUERIES / el, nprobe, rec
-    return QUERIES / el, nprobe, rec
-
-
-def bench_lancedb(data):
     try:
         import lancedb
     except ImportError:
         print("  lancedb not installed: pip install -e .[bench]")
-        return None
-    d = tempfile.mkdtemp()
+        return
+    d = tempfile.mkdtemp(prefix="search-bench-")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         t0 = time.perf_counter()
@@ -184,89 +484,30 @@ def bench_lancedb(data):
         table.create_index(metric="l2", vector_column_name="emb",
                            num_partitions=int(round(np.sqrt(len(data)))), num_sub_vectors=16)
         table.create_fts_index("body", use_tantivy=False)
-        el = time.perf_counter() - t0
+        lance = time.perf_counter() - t0
     shutil.rmtree(d)
-    return el
-
-
-def stdlib_docstrings(limit=30_000):
-    docs, seen = [], set()
-    names = sorted(getattr(sys, "stdlib_module_names", ()))
-    skip = {"antigravity", "this", "idlelib", "turtledemo", "tkinter", "turtle", "__main__"}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for name in names:
-            if name in skip or name.startswith("_"):
-                continue
-            try:
-                mod = importlib.import_module(name)
-            except Exception:  # noqa: BLE001 - some stdlib modules need a platform or a GUI
-                continue
-            for obj in [mod] + [v for _, v in inspect.getmembers(mod)]:
-                doc = inspect.getdoc(obj) if (inspect.ismodule(obj) or inspect.isclass(obj)
-                                             or inspect.isroutine(obj)) else None
-                if doc and len(doc) > 40 and doc not in seen:
-                    seen.add(doc)
-                    docs.append(doc)
-            if len(docs) >= limit:
-                break
-    return docs
-
-
-def bench_text():
-    import bm25s
-    docs = stdlib_docstrings()
-    rng = np.random.default_rng(0)
-    tokens = [tokenize(doc) for doc in docs]
-    queries = []
-    for i in rng.choice(len(docs), 300, replace=False):
-        words = [w for w in tokens[i] if len(w) > 3]
-        if len(words) >= 2:
-            queries.append(" ".join(rng.choice(words, min(3, len(words)), replace=False)))
-    d = tempfile.mkdtemp()
-    t = Supertable.create(f"{d}/docs", pa.schema([("n", pa.int64()), ("doc", pa.string())]),
-                          fts_columns=["doc"])
-    for chunk in np.array_split(np.arange(len(docs)), 4):  # four superfiles
-        t.append(pa.table({"n": chunk, "doc": [docs[i] for i in chunk]}))
-    t = Supertable.open(f"{d}/docs")
-    retriever = bm25s.BM25(method="lucene", k1=1.2, b=0.75)
-    retriever.index(tokens, show_progress=False)
-    agree = tie_agree = total = 0
-    t0 = time.perf_counter()
-    ours_all = [t.search(text=qq, k=K) for qq in queries]
-    ours_time = time.perf_counter() - t0
-    for qq, ours in zip(queries, ours_all):
-        res, scores = retriever.retrieve([tokenize(qq)], k=K, show_progress=False)
-        theirs, their_scores = res[0].tolist(), scores[0].tolist()
-        mine = ours["n"].to_pylist()
-        my_scores = ours["_score"].to_pylist()
-        theirs_kept = [(i, s) for i, s in zip(theirs, their_scores) if s > 0]
-        for pos, (i, s) in enumerate(theirs_kept):
-            total += 1
-            if pos < len(mine) and mine[pos] == i:
-                agree += 1
-                tie_agree += 1
-            elif pos < len(mine) and abs(my_scores[pos] / 2.2 - s) <= 1e-4 * max(1, s):
-                tie_agree += 1  # a different row with the same score: a tie
-    print(f"text: {len(docs):,} stdlib docstrings, {len(queries)} queries: top-10 positions equal "
-          f"to bm25s (lucene, k1=1.2, b=0.75) {agree / total:.1%}, counting equal-score ties "
-          f"{tie_agree / total:.1%}; {len(queries) / ours_time:,.0f} queries/s", flush=True)
-    shutil.rmtree(d)
+    print(f"  LanceDB write + IVF_PQ + FTS index: {lance:.1f} s, {len(x) / lance:,.0f} rows/s; "
+          f"ratio supertable/LanceDB {lance / ingest:.2f}x", flush=True)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=["digits", "vectors", "text", "ingest"])
+    parser.add_argument("--only", choices=["shapes", "text", "cold", "ingest"])
+    parser.add_argument("--shapes", default="a,b,c,d", help="which shapes (a,b,c,d)")
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, for iterating")
     args = parser.parse_args(argv)
-    if args.only in (None, "digits"):
-        bench_digits()
-    if args.only in (None, "vectors", "ingest"):
-        bench_vectors_and_ingest(only_vectors=args.only == "vectors")
+    cfg = QUICK if args.quick else FULL
+    if args.only in (None, "shapes"):
+        bench_shapes(cfg, set(args.shapes.split(",")))
     if args.only in (None, "text"):
-        bench_text()
-    import beam_supertable  # noqa: F401
+        bench_text(cfg)
+    if args.only in (None, "cold"):
+        bench_cold(cfg)
+    if args.only in (None, "ingest"):
+        bench_ingest(cfg)
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python "
-          f"{platform.python_version()}, {time.strftime('%Y-%m-%d')}")
+          f"{platform.python_version()}, numpy {np.__version__}, pyarrow {pa.__version__}, "
+          f"{time.strftime('%Y-%m-%d')}{' (quick sizes)' if args.quick else ''}")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 _NOT_WORD = r"[^\p{L}\p{N}]+"
+_ASCII_NOT_WORD = re.compile(r"[^a-z0-9]+")
 _QUERY = re.compile(r'(\+?)"([^"]*)"|(\+?)([^\s"]+)')
 
 
@@ -38,6 +39,11 @@ def tokenize_column(texts, stop_words: FrozenSet[str] = frozenset()
 def tokenize(text: Optional[str], stop_words: FrozenSet[str] = frozenset()) -> List[str]:
     if not text:
         return []
+    if text.isascii():
+        # The same words as tokenize_column: on ASCII, lowering is A-Z -> a-z
+        # and letters-or-numbers is [a-z0-9]; it skips compiling the Unicode
+        # pattern (~0.7 ms a call), which dominated a query's parse.
+        return [w for w in _ASCII_NOT_WORD.split(text.lower()) if w and w not in stop_words]
     return tokenize_column([text], stop_words)[0].to_pylist()
 
 

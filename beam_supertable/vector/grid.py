@@ -11,19 +11,34 @@ from typing import Optional, Tuple
 import numpy as np
 from sklearn.cluster import KMeans, kmeans_plusplus
 
-from beam_supertable.vector.metric import distances, nearest, prepare
+from beam_supertable.vector.metric import nearest, prepare
 
 SEED = 0
-SAMPLE_PER_CELL = 40
+CELLS_PER_SQRT_ROW = 2.5     # large tables: 2.5 sqrt(rows) cells ...
+MIN_ROWS_PER_CELL = 128      # ... while a cell keeps 128 rows; never fewer than sqrt(rows)
+SAMPLE_PER_CELL = 16         # k-means trains on 16 rows a cell ...
+MIN_SAMPLE = 16_384          # ... and on at least this many
+INIT_SAMPLE_PER_CELL = 4     # k-means++ seeds from 4 rows a cell (its loop is sequential) ...
+SMALL_TRAINING = 4_000_000   # ... unless sample rows x cells is under this: then from all
 MAX_SAMPLE = 100_000
 MAX_CELLS = 16_384
-KMEANS_ITERATIONS = 25
+KMEANS_ITERATIONS = 15
+KMEANS_ITERATIONS_SMALL = 25
 GRID_PREFIX = "_supertable/grid"
 
 
 def default_n_cells(rows: int) -> int:
-    """About sqrt(rows) cells: a cell of a 200,000-row table holds ~450 rows."""
-    return int(min(MAX_CELLS, max(1, round(math.sqrt(max(rows, 1))))))
+    """Cells for a table of ``rows``: about 2.5 sqrt(rows) once cells hold 128 rows.
+
+    A 200,000-row table gets 1,118 cells of ~180 rows; 10,000 rows get 100.
+    More, smaller cells mean fewer rows scanned per query for a given recall
+    (cells follow the data's clusters more closely), at the price of more
+    cells to rank and touch per query; the per-cell cost of the search loop
+    sets the floor of 128 rows.
+    """
+    root = math.sqrt(max(rows, 1))
+    n = max(root, min(CELLS_PER_SQRT_ROW * root, rows / MIN_ROWS_PER_CELL))
+    return int(min(MAX_CELLS, max(1, round(n))))
 
 
 def train(vectors: np.ndarray, n_cells: int, metric: str) -> np.ndarray:
@@ -31,13 +46,19 @@ def train(vectors: np.ndarray, n_cells: int, metric: str) -> np.ndarray:
     x = prepare(vectors, metric)
     n_cells = max(1, min(n_cells, len(x)))
     rng = np.random.default_rng(SEED)
-    size = min(len(x), max(n_cells * SAMPLE_PER_CELL, 1), MAX_SAMPLE)
+    size = min(len(x), max(n_cells * SAMPLE_PER_CELL, MIN_SAMPLE), MAX_SAMPLE)
     sample = x[rng.choice(len(x), size, replace=False)] if size < len(x) else x
-    # k-means++ with one local trial per centre: most of the quality of the
-    # default seeding at a fraction of its cost (it dominated training time).
-    init, _ = kmeans_plusplus(sample, n_cells, random_state=SEED, n_local_trials=1)
-    km = KMeans(n_clusters=n_cells, init=init, n_init=1, max_iter=KMEANS_ITERATIONS,
-                random_state=SEED).fit(sample)
+    # k-means++ (one local trial per centre) on a smaller sample: its loop over
+    # centres is sequential and dominated training; Lloyd's iterations on the
+    # full sample then refine the seeds.
+    # Small trainings (a few seconds' worth at most) seed from the whole
+    # sample and iterate longer: a better grid probes fewer cells.
+    small = len(sample) * n_cells <= SMALL_TRAINING
+    m = len(sample) if small else max(n_cells, min(len(sample), n_cells * INIT_SAMPLE_PER_CELL))
+    seeds = sample[np.sort(rng.choice(len(sample), m, replace=False))] if m < len(sample) else sample
+    init, _ = kmeans_plusplus(seeds, n_cells, random_state=SEED, n_local_trials=1)
+    km = KMeans(n_clusters=n_cells, init=init, n_init=1, random_state=SEED,
+                max_iter=KMEANS_ITERATIONS_SMALL if small else KMEANS_ITERATIONS).fit(sample)
     centroids = km.cluster_centers_.astype(np.float32)
     return prepare(centroids, metric) if metric == "cosine" else centroids
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 METRICS = ("l2", "cosine", "dot")
+ARGMIN_MAX_K = 4   # nearest(): up to this k, repeated argmin beats argpartition
+BOUND_SLACK = 1e-4  # bisector_bounds(): relative slack for rows assigned in float32
 
 
 def check_metric(metric: str) -> str:
@@ -56,10 +58,60 @@ def nearest(queries: np.ndarray, points: np.ndarray, metric: str, k: int,
         return out
     for start in range(0, len(queries), chunk):
         d = distances(queries[start:start + chunk], points, metric)
+        if k <= ARGMIN_MAX_K and k < d.shape[1]:
+            # A few argmin passes are two orders of magnitude faster than
+            # argpartition over long rows (cell assignment, calibration).
+            rows = np.arange(len(d))
+            for j in range(k):
+                best = d.argmin(axis=1)
+                out[start + rows, j] = best
+                d[rows, best] = np.inf
+            continue
         if k < d.shape[1]:
             part = np.argpartition(d, k - 1, axis=1)[:, :k]
         else:
             part = np.tile(np.arange(d.shape[1]), (len(d), 1))
         order = np.take_along_axis(d, part, 1).argsort(axis=1, kind="stable")
         out[start:start + chunk] = np.take_along_axis(part, order, 1)
+    return out
+
+
+def bisector_bounds(queries: np.ndarray, centroids: np.ndarray, cells: np.ndarray,
+                    metric: str, chunk_elements: int = 1 << 21) -> np.ndarray:
+    """Lower bounds on the distance from each query to any row of each of its cells.
+
+    ``cells[:, 0]`` must be each query's nearest centroid ``c1``, and rows must
+    be assigned to their nearest centroid (as the writer does). A row of cell
+    ``c`` is then at least as close to ``c`` as to ``c1``: it lies beyond the
+    hyperplane bisecting ``c1`` and ``c``, at Euclidean distance at least
+    ``h = (|q - c|^2 - |q - c1|^2) / (2 |c - c1|)`` from the query. For
+    ``l2`` the bound is ``h^2``; for ``cosine`` (unit rows and centroids)
+    ``(h^2 + 1 - |q|^2) / 2``. No such bound holds for ``dot`` (ValueError).
+    ``h`` is shrunk by ``BOUND_SLACK`` for rows assigned in float32, and
+    ``bounds[:, 0]`` is ``-inf`` (the nearest cell is always probed).
+
+    Args:
+        queries: ``[Q, dim]``, prepared for the metric.
+        cells: ``[Q, P]`` cell ids, nearest first.
+    """
+    if metric == "dot":
+        raise ValueError("bisector_bounds: no distance bound holds for the dot metric")
+    out = np.empty(cells.shape, dtype=np.float32)
+    n_q, width = cells.shape
+    step = max(1, chunk_elements // max(1, width * queries.shape[1]))
+    for start in range(0, n_q, step):
+        q = queries[start:start + step].astype(np.float64)
+        c = centroids[cells[start:start + step]].astype(np.float64)     # [q, P, dim]
+        to_c = np.einsum("qpd,qpd->qp", c - q[:, None, :], c - q[:, None, :])
+        gap = c - c[:, :1, :]
+        gap = np.sqrt(np.einsum("qpd,qpd->qp", gap, gap))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            h = np.where(gap > 0, (to_c - to_c[:, :1]) / (2 * gap), 0.0)
+        h = np.maximum(h, 0.0) * (1 - BOUND_SLACK)
+        if metric == "l2":
+            b = h * h
+        else:
+            b = (h * h + 1 - np.einsum("qd,qd->q", q, q)[:, None]) / 2
+        b[:, 0] = -np.inf
+        out[start:start + step] = b
     return out

@@ -111,3 +111,17 @@ def test_the_budget_is_validated_at_open(vectors_table):
     uri, _ = vectors_table
     with pytest.raises(ValueError, match="cache_bytes"):
         Supertable.open(uri, cache_bytes=-5)
+
+
+def test_vector_search_stores_are_charged_to_the_handle_budget(vectors_table):
+    """Decoded codes and fp32 rows a vector search keeps count against the budget."""
+    uri, x = vectors_table
+    t = Supertable.open(uri)
+    queries = x[:50] + 0.05
+    first = t.search(vector=queries, k=10, recall_target=1.0, columns=[])  # every cell
+    # At least every row's scoring column (dim + 1 floats) is held, and charged.
+    assert t.cache.nbytes >= 3200 * (D + 1) * 4
+    small = Supertable.open(uri, cache_bytes=64 << 10)
+    for _ in range(2):
+        assert small.search(vector=queries, k=10, recall_target=1.0, columns=[]).equals(first)
+        assert small.cache.nbytes <= 64 << 10
