@@ -210,6 +210,10 @@ def _key_table(keys: Sequence[Any], schema: pa.Schema, names: Sequence[str]) -> 
                     names=list(names))
 
 
+class _Reason(str):
+    """Why a command is refused (told apart from a string key or row)."""
+
+
 # -- validation ------------------------------------------------------------------------
 class _Validate(beam.DoFn):
     """Commands -> ``(encoded key, (time µs, offset, row | None))``, conformed.
@@ -298,10 +302,10 @@ class _Validate(beam.DoFn):
             row = None
             if command.value is not None:
                 row, i = canonical[i], i + 1
-            if isinstance(key, str):   # a reason
+            if isinstance(key, _Reason):
                 yield self._reject(element, ts, win, key)
                 continue
-            if isinstance(row, str):
+            if isinstance(row, _Reason):
                 yield self._reject(element, ts, win, row)
                 continue
             if row is not None:
@@ -327,7 +331,7 @@ class _Validate(beam.DoFn):
                 out.extend(self._one([row]))
             except (SchemaMismatchError, pa.ArrowException, TypeError, ValueError,
                     KeyError) as exc:
-                out.append(self._diagnose(row, exc))
+                out.append(_Reason(self._diagnose(row, exc)))
         return out
 
     def _one(self, rows: List[dict]) -> List[dict]:
@@ -358,11 +362,12 @@ class _Validate(beam.DoFn):
                 out.append(_key_of(_key_table([key], self._schema, self._names).to_pylist()[0],
                                    self._names))
             except (pa.ArrowException, TypeError, ValueError) as exc:
-                out.append(f"key {key!r} does not fit the key column(s) {self._names}: {exc}")
+                out.append(_Reason(
+                    f"key {key!r} does not fit the key column(s) {self._names}: {exc}"))
         for i, key in enumerate(out):
-            if not isinstance(key, str) and (key is None or (isinstance(key, tuple)
-                                                              and None in key)):
-                out[i] = f"key {keys[i]!r} has a null part; key columns are not nullable"
+            if key is None or (isinstance(key, tuple) and None in key):
+                out[i] = _Reason(f"key {keys[i]!r} has a null part; key columns are not "
+                                 "nullable")
         return out
 
 
@@ -440,10 +445,12 @@ class _ApplyStateful(beam.DoFn):
         self._counters = UpsertCounters()
         self._handles = _Handles(self._s)
 
-    def process(self, element, pin=None, stash=beam.DoFn.StateParam(STASH),
+    def process(self, element, stash=beam.DoFn.StateParam(STASH),
                 apply=beam.DoFn.TimerParam(APPLY)):
-        micros, offset, row = element[1]
-        stash.add((_STAMP_CMD, micros, offset, row, pin["version"]))
+        # The pin travels in the element: a stateful DoFn with a side input
+        # is not translated reliably (Beam picks its main input by set order).
+        micros, offset, row, pin = element[1]
+        stash.add((_STAMP_CMD, micros, offset, row, pin))
         apply.set(Timestamp(micros=micros), dynamic_timer_tag=str(micros))
 
     @on_timer(APPLY)
@@ -451,18 +458,18 @@ class _ApplyStateful(beam.DoFn):
                   stash=beam.DoFn.StateParam(STASH)):
         key = decode_key(key)
         now = fired_at.micros
-        state, due, pending, version = None, [], [], None
+        state, due, pending, pin = None, [], [], None
         for entry in stash.read():
             if entry[0] == _STAMP_CMD:
                 (due if entry[1] <= now else pending).append(entry)
-                version = entry[4]
+                pin = entry[4]
             else:
                 state = KeyState(*entry[1:])
         if not due:
             return
         touched = state is not None
         if not touched:
-            lookup = self._handles.lookup(version)
+            lookup = self._handles.lookup(pin[0])
             table = lookup.table
             found = lookup.rows(_key_table([key], table.user_schema, table.primary_key),
                                 table.user_schema.names).to_pylist()
@@ -487,7 +494,8 @@ class _ApplyStateful(beam.DoFn):
         value = applied.state.value
         at = applied.steps[-1][0]
         yield window.TimestampedValue(
-            (PUT, key, value) if value is not None else (DEL, key, None), Timestamp(micros=at))
+            (PUT, key, value, pin) if value is not None else (DEL, key, None, pin),
+            Timestamp(micros=at))
 
 
 class _LatestPerKey(beam.DoFn):
@@ -746,13 +754,14 @@ class _CommitStream(beam.DoFn):
         self._commits = Metrics.counter(NAMESPACE, "commits")
         self._rows = Metrics.counter(NAMESPACE, "rows_committed")
 
-    def process(self, element, pin=None, ts=beam.DoFn.TimestampParam,
+    def process(self, element, ts=beam.DoFn.TimestampParam,
                 buffer=beam.DoFn.StateParam(BUFFER), pinned=beam.DoFn.StateParam(PIN),
                 flush=beam.DoFn.TimerParam(FLUSH)):
+        kind, key, row, pin = element[1]
         if pinned.read() is None:
             pinned.write(pin)
         micros = ts.micros
-        buffer.add((micros,) + tuple(element[1]))
+        buffer.add((micros, kind, key, row))
         slot_end = (micros // COMMIT_SLOT_US + 1) * COMMIT_SLOT_US
         flush.set(Timestamp(micros=slot_end - 1), dynamic_timer_tag=str(slot_end))
 
@@ -775,8 +784,8 @@ class _CommitStream(beam.DoFn):
         keys = _key_table(list(latest), table.user_schema, table.primary_key)
         frontier = max(now + 1, table.frontier or 0)
         result = _commit(self._s, entries=list(entries), keys=keys, frontier=frontier,
-                         token=f"{self._s.job_id or 'upsert'}/{pin['run']}/{now + 1}",
-                         base_version=pin["version"], stamp=stamp.get("grid"))
+                         token=f"{self._s.job_id or 'upsert'}/{pin[1]}/{now + 1}",
+                         base_version=pin[0], stamp=stamp.get("grid"))
         buffer.clear()
         for entry in pending:
             buffer.add(entry)
@@ -897,14 +906,22 @@ class UpsertToSupertable(beam.PTransform):
         checked = commands | "Validate" >> beam.ParDo(_Validate(s), pin).with_outputs(
             INVALID_TAG, main="commands")
         invalid = [checked[INVALID_TAG]]
+        # Keys are the encoded bytes (beam_upsert.prepare): say so, so keyed
+        # state and grouping use a deterministic bytes coder.
+        keyed = checked.commands | "Keyed" >> beam.WindowInto(
+            window.GlobalWindows()).with_output_types(Tuple[bytes, Any])
         if flavor == "grouped":
-            applied = (checked.commands
+            applied = (keyed
                        | "GroupByKey" >> beam.GroupByKey()
                        | "Apply" >> beam.ParDo(_ApplyGrouped(s), pin).with_outputs(
                            INVALID_TAG, main="changes"))
         else:
-            applied = checked.commands | "Apply" >> beam.ParDo(
-                _ApplyStateful(s), pin).with_outputs(INVALID_TAG, main="changes")
+            applied = (keyed
+                       | "AttachPin" >> beam.Map(
+                           lambda kv, pin: (kv[0], kv[1] + ((pin["version"], pin["run"]),)),
+                           pin).with_output_types(Tuple[bytes, Any])
+                       | "Apply" >> beam.ParDo(_ApplyStateful(s)).with_outputs(
+                           INVALID_TAG, main="changes"))
         invalid.append(applied[INVALID_TAG])
         changes = applied.changes
         if bounded:
@@ -918,9 +935,10 @@ class UpsertToSupertable(beam.PTransform):
             commits = self._commit_bounded(checked.commands, changes, pin)
         else:
             commits = (changes
-                       | "OneKey" >> beam.Map(lambda c: (0, c))
-                       | "Commit" >> beam.ParDo(_CommitStream(s), pin)
-                       ).with_output_types(CommitResult)
+                       | "OneKey" >> beam.Map(lambda c: (0, c)).with_output_types(
+                           Tuple[int, Any])
+                       | "Commit" >> beam.ParDo(_CommitStream(s)).with_output_types(
+                           CommitResult))
         if not self._with_invalid:
             return commits
         return UpsertWriteResult(commits, tuple(invalid) | "Invalid" >> beam.Flatten())
