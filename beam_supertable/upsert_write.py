@@ -40,7 +40,7 @@ import json
 import logging
 import math
 import uuid
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Literal, NamedTuple, Optional, Sequence, Tuple, Union
 
 import apache_beam as beam
 import numpy as np
@@ -76,7 +76,7 @@ from beam_upsert.prepare import decode_key, encode_key
 
 __all__ = ["UpsertToSupertable", "UpsertWriteResult"]
 
-Flavor = str  # "auto" | "grouped" | "stateful"
+Flavor = Literal["auto", "grouped", "stateful"]
 FLAVORS = ("auto", "grouped", "stateful")
 METRICS = ("l2", "cosine", "dot")
 INVALID_TAG = "invalid"
@@ -90,7 +90,7 @@ GRID_SAMPLE_ROWS = 50_000       # vectors sampled to train a new table's grid
 COMMIT_SLOT_US = 1_000_000      # unbounded input: at most one commit per second of event time
 
 _LOG = logging.getLogger(__name__)
-_STAMP_CMD, _STAMP_STATE, _STAMP_PIN = "c", "s", "v"
+_STAMP_CMD, _STAMP_STATE = "c", "s"   # stash entries of the stateful flavor
 
 
 class UpsertWriteResult(NamedTuple):
@@ -833,7 +833,10 @@ class UpsertToSupertable(beam.PTransform):
         nothing. Unbounded input commits once per ``COMMIT_SLOT_US`` of
         event time the watermark passes, recording the slot's end. Counters:
         ``beam_upsert/inserts|updates|deletes|invalid|dropped_before_resume``
-        and ``beam_supertable/commits|rows_committed``.
+        and ``beam_supertable/commits|rows_committed``. One job at a time
+        per table: a commit whose frontier is below the table's (another
+        job applied later commands meanwhile) fails with FrontierError and
+        commits nothing.
     """
 
     def __init__(self, uri: str, schema: Optional[pa.Schema] = None,

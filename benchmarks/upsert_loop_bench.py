@@ -40,7 +40,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.transforms.window import TimestampedValue
 
 from beam_supertable import Supertable, UpsertToSupertable, WriteToSupertable
-from beam_upsert import Change, Upsert, UpsertCommand
+from beam_upsert import Upsert, UpsertCommand
 
 DIM = 64
 SIZES = {"full": (200_000, 50_000, 500_000), "small": (20_000, 5_000, 50_000)}

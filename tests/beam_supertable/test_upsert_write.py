@@ -7,7 +7,6 @@ import sys
 import uuid
 
 import apache_beam as beam
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
