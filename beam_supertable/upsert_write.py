@@ -84,7 +84,8 @@ _STATS_TAG = "stats"
 NAMESPACE = "beam_supertable"
 PUT, DEL = "put", "del"
 VALIDATE_BATCH_ROWS = 2048      # commands conformed to the schema in one Arrow call
-LOOKUP_BATCH_KEYS = 4096        # keys whose prior rows are read back in one lookup
+LOOKUP_BATCH_KEYS = 16384       # keys whose prior rows are read back in one lookup (each
+                                # lookup reads the row groups holding them: fewer, larger)
 ARROW_BATCH_ROWS = 4096         # changed rows per Arrow batch on the way to the builders
 GRID_SAMPLE_ROWS = 50_000       # vectors sampled to train a new table's grid
 COMMIT_SLOT_US = 1_000_000      # unbounded input: at most one commit per second of event time
