@@ -13,7 +13,8 @@ from beam_supertable.table import Supertable
 
 __all__ = [
     "__version__",
-    "CommitResult", "ReadFromSupertable", "WriteResult", "WriteToSupertable",
+    "CommitResult", "ReadFromSupertable", "UpsertToSupertable", "WriteResult",
+    "WriteToSupertable",
     "AlreadyExists", "CommitConflictError", "CommitFailedError", "CommitRequest",
     "CorruptManifestError", "DuplicateKeyError", "FrontierError",
     "Manifest", "MemoryBudgetError", "NotATableError", "ObjectInfo", "ObjectStore", "SchemaMismatchError",
@@ -31,4 +32,7 @@ def __getattr__(name):
     if name == "ReadFromSupertable":
         from beam_supertable import read
         return read.ReadFromSupertable
+    if name == "UpsertToSupertable":
+        from beam_supertable import upsert_write
+        return upsert_write.UpsertToSupertable
     raise AttributeError(f"module 'beam_supertable' has no attribute {name!r}")

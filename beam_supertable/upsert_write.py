@@ -1,0 +1,987 @@
+"""``UpsertToSupertable``: upsert commands applied to a keyed supertable, the loop closed.
+
+The table is the upsert operator's persisted state. The pipeline pins one
+version of the table when it starts (creating the table when it is absent and
+``schema`` and ``primary_key`` are given): its ``frontier`` is the resume
+frontier (commands below it are already applied: they are dropped and
+counted ``beam_upsert/dropped_before_resume``), and its live rows are the
+prior values, read back by key for just the keys the commands touch
+(:class:`beam_supertable.lookup.KeyLookup`: key statistics, key sections,
+then only the matched rows). Each key's commands are applied on top of its
+prior with the per-key rule every ``beam_upsert`` flavor shares
+(:func:`beam_upsert.model.apply_times`), so the changelog semantics are
+``Upsert``'s exactly.
+
+Bounded input lands as ONE commit: the keys whose value changed are resolved
+against the version the commit lands on (their live rows get deletion
+vectors; ``Mutation``), the rows of the keys that hold a value afterwards go
+in as new superfiles, and the commit records ``frontier`` = the greatest
+command time applied + 1 µs. Superfiles are built in parallel workers
+(sharded by vector cell, or at random), the commit step sees only their
+entries and the changed keys. A rerun of the same batch finds every command
+below the frontier and commits nothing; a crash before the commit leaves the
+table as it was (the rerun does the work once); a crash after it leaves the
+frontier past the batch (the rerun does nothing). A retried commit bundle of
+one run finds its token and commits nothing twice.
+
+Unbounded input: the stateful flavor applies each key's commands when the
+watermark passes their time (a watermark timer per command time, as
+``beam_upsert``'s stateful flavor); the changed rows gather on one committer
+whose watermark timer fires per ``COMMIT_SLOT_US`` of event time and commits
+every change up to the slot's end, recording that end as the frontier: every
+change below it is in the table. A restarted job resumes from the table's
+frontier.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import uuid
+from typing import Any, Dict, List, Literal, NamedTuple, Optional, Sequence, Tuple, Union
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+from apache_beam import pvalue
+from apache_beam.coders import coders
+from apache_beam.metrics import Metrics
+from apache_beam.transforms import window
+from apache_beam.transforms.display import DisplayDataItem
+from apache_beam.transforms.timeutil import TimeDomain
+from apache_beam.transforms.userstate import (
+    BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer)
+from apache_beam.utils.timestamp import Timestamp
+from apache_beam.utils.windowed_value import WindowedValue
+
+from beam_supertable.errors import (
+    CommitConflictError, CommitFailedError, SchemaMismatchError, TableExistsError)
+from beam_supertable.keys import KeyBatch, check_primary_key
+from beam_supertable.lookup import KeyLookup
+from beam_supertable.manifest import CommitRequest
+from beam_supertable.mutation import Mutation
+from beam_supertable.schema import ID, conform, vector_dim
+from beam_supertable.superfile import vectors_of
+from beam_supertable.table import Supertable
+from beam_supertable.transforms import CommitResult
+from beam_supertable.vector import grid as grid_mod
+from beam_supertable.vector.metric import check_metric
+from beam_supertable.writer import TARGET_SUPERFILE_BYTES, build_and_upload
+from beam_upsert.emit import step_kind
+from beam_upsert.metrics import UpsertCounters
+from beam_upsert.model import Invalid, KeyState, UpsertCommand, apply_times, check_command
+from beam_upsert.prepare import decode_key, encode_key
+
+__all__ = ["UpsertToSupertable", "UpsertWriteResult"]
+
+Flavor = Literal["auto", "grouped", "stateful"]
+FLAVORS = ("auto", "grouped", "stateful")
+METRICS = ("l2", "cosine", "dot")
+INVALID_TAG = "invalid"
+_STATS_TAG = "stats"
+NAMESPACE = "beam_supertable"
+PUT, DEL = "put", "del"
+VALIDATE_BATCH_ROWS = 2048      # commands conformed to the schema in one Arrow call
+LOOKUP_BATCH_KEYS = 16384       # keys whose prior rows are read back in one lookup (each
+                                # lookup reads the row groups holding them: fewer, larger)
+ARROW_BATCH_ROWS = 4096         # changed rows per Arrow batch on the way to the builders
+GRID_SAMPLE_ROWS = 50_000       # vectors sampled to train a new table's grid
+COMMIT_SLOT_US = 1_000_000      # unbounded input: at most one commit per second of event time
+
+_LOG = logging.getLogger(__name__)
+_STAMP_CMD, _STAMP_STATE = "c", "s"   # stash entries of the stateful flavor
+
+
+class UpsertWriteResult(NamedTuple):
+    """What ``UpsertToSupertable(...).with_invalid_output()`` returns.
+
+    ``commits`` holds one :class:`CommitResult` per commit; ``invalid`` holds
+    ``Invalid(element, reason)`` (a 2-tuple) per refused command.
+    """
+
+    commits: beam.PCollection
+    invalid: beam.PCollection
+
+
+# -- the pinned version ----------------------------------------------------------
+class _Settings(NamedTuple):
+    """What every stage needs to open the table (plain data, pickled into the job)."""
+
+    uri: str
+    storage_options: Optional[dict]
+    schema: Optional[pa.Schema]
+    primary_key: Optional[List[str]]
+    vector_column: Optional[str]
+    metric: str
+    fts_columns: Tuple[str, ...]
+    job_id: Optional[str]
+
+
+def _open_or_create(s: _Settings) -> Supertable:
+    """The table, created when absent and ``schema`` and ``primary_key`` are given."""
+    where = f"UpsertToSupertable({s.uri!r})"
+    try:
+        table = Supertable.open(s.uri, storage_options=s.storage_options)
+    except FileNotFoundError:
+        if s.schema is None or not s.primary_key:
+            raise FileNotFoundError(
+                f"{where}: there is no table at {s.uri!r}; pass schema= and primary_key= to "
+                "create it") from None
+        try:
+            return Supertable.create(s.uri, s.schema, primary_key=s.primary_key,
+                                     vector_column=s.vector_column, metric=s.metric,
+                                     fts_columns=s.fts_columns,
+                                     storage_options=s.storage_options)
+        except TableExistsError:  # a concurrent creator won: check its table below
+            table = Supertable.open(s.uri, storage_options=s.storage_options)
+    if not table.primary_key:
+        raise SchemaMismatchError(
+            f"{where}: the table has no primary key; upserts need a keyed table "
+            "(Supertable.create(..., primary_key=...))")
+    if s.primary_key and list(s.primary_key) != table.primary_key:
+        raise SchemaMismatchError(
+            f"{where}: primary_key={s.primary_key!r}, but the table's key is "
+            f"{table.primary_key!r}")
+    if s.schema is not None:
+        given = [(f.name, f.type) for f in s.schema]
+        held = [(f.name, f.type) for f in table.user_schema]
+        if given != held:
+            raise SchemaMismatchError(
+                f"{where}: schema does not match the table's.\nreceived:\n{s.schema}\n"
+                f"the table has:\n{table.user_schema}")
+    vp = table.properties.get("vector")
+    if s.vector_column is not None and (vp is None or vp["column"] != s.vector_column):
+        raise SchemaMismatchError(
+            f"{where}: the table indexes {vp['column'] if vp else 'no'} vector column, not "
+            f"{s.vector_column!r}")
+    return table
+
+
+class _Pin(beam.DoFn):
+    """Opens (or creates) the table once per run: the version every stage reads."""
+
+    def __init__(self, settings: _Settings) -> None:
+        self._s = settings
+
+    def process(self, _):
+        table = _open_or_create(self._s)
+        # The run id names this run's commits (tokens): a retried commit
+        # bundle finds its own commit; a rerun pins a newer version instead.
+        yield {"version": table.version, "frontier": table.frontier,
+               "run": uuid.uuid4().hex}
+
+
+class _Handles:
+    """Table handles of one worker, by pinned version (immutable, so shared)."""
+
+    def __init__(self, settings: _Settings) -> None:
+        self._s = settings
+        self._lookup: Optional[KeyLookup] = None
+
+    def lookup(self, version: int) -> KeyLookup:
+        if self._lookup is None or self._lookup.table.version != version:
+            self._lookup = KeyLookup(_pinned(self._s, version))
+        return self._lookup
+
+
+@functools.lru_cache(maxsize=8)
+def _pinned_by(uri: str, options: str, version: int) -> Supertable:
+    return Supertable.open(uri, version=version, storage_options=json.loads(options))
+
+
+def _pinned(settings: _Settings, version: int) -> Supertable:
+    """A handle on the pinned version, shared by the stages of one worker process."""
+    return _pinned_by(settings.uri, json.dumps(settings.storage_options, sort_keys=True),
+                      version)
+
+
+def _key_of(row: dict, names: Sequence[str]) -> Any:
+    return row[names[0]] if len(names) == 1 else tuple(row[n] for n in names)
+
+
+def _key_table(keys: Sequence[Any], schema: pa.Schema, names: Sequence[str]) -> pa.Table:
+    """Python keys (scalars, or tuples for a composite key) as the key columns."""
+    if len(names) == 1:
+        columns = [list(keys)]
+    else:
+        columns = [list(c) for c in zip(*keys)] if keys else [[] for _ in names]
+    return pa.table([pa.array(c, type=schema.field(n).type) for c, n in zip(columns, names)],
+                    names=list(names))
+
+
+class _Reason(str):
+    """Why a command is refused (told apart from a string key or row)."""
+
+
+# -- validation ------------------------------------------------------------------------
+class _Validate(beam.DoFn):
+    """Commands -> ``(encoded key, (time µs, offset, row | None))``, conformed.
+
+    Malformed commands, rows that do not fit the schema and rows whose key
+    columns disagree with the command's key go to ``invalid`` with the
+    reason; commands below the pinned frontier are dropped and counted.
+    Rows come out canonical (as the table would return them), so comparing
+    a new value with the prior read back from the table is exact. Commands
+    are conformed ``VALIDATE_BATCH_ROWS`` at a time; each keeps its own
+    timestamp and window.
+    """
+
+    def __init__(self, settings: _Settings) -> None:
+        self._s = settings
+
+    def setup(self):
+        self._counters = UpsertCounters()
+        self._schema = None
+
+    def start_bundle(self):
+        self._pending: List[tuple] = []
+
+    def _prepare(self, pin):
+        if self._schema is not None:
+            return
+        table = _pinned(self._s, pin["version"])
+        self._schema = table.user_schema
+        self._names = table.primary_key
+        vp = table.properties.get("vector")
+        self._vector = vp["column"] if vp else None
+        self._frontier = pin["frontier"]
+
+    def process(self, element, pin=None, ts=beam.DoFn.TimestampParam,
+                win=beam.DoFn.WindowParam):
+        self._prepare(pin)
+        self._pending.append((element, ts, win))
+        if len(self._pending) >= VALIDATE_BATCH_ROWS:
+            yield from self._flush()
+
+    def finish_bundle(self):
+        if self._pending:
+            yield from self._flush()
+
+    def _reject(self, element, ts, win, reason):
+        self._counters.invalid.inc()
+        return pvalue.TaggedOutput(INVALID_TAG, WindowedValue(Invalid(element, reason), ts, [win]))
+
+    def _flush(self):
+        pending, self._pending = self._pending, []
+        ok = []   # (element, ts, win, command)
+        for element, ts, win in pending:
+            command, reason = check_command(element)
+            if command is None:
+                yield self._reject(element, ts, win, reason)
+                continue
+            if self._frontier is not None and ts.micros < self._frontier:
+                self._counters.dropped_before_resume.inc()
+                continue
+            value = command.value
+            if value is not None and not isinstance(value, dict):
+                yield self._reject(element, ts, win, (
+                    f"the row must be a dict of the table's columns {self._schema.names} or "
+                    f"None (a delete), got {type(value).__name__}"))
+                continue
+            if value is not None:
+                extra = [c for c in value if c not in self._schema.names]
+                if extra:
+                    yield self._reject(element, ts, win, (
+                        f"column(s) {extra} are not in the table schema {self._schema.names}"))
+                    continue
+            if len(self._names) > 1 and not (isinstance(command.key, tuple)
+                                             and len(command.key) == len(self._names)):
+                yield self._reject(element, ts, win, (
+                    f"key {command.key!r} must be a tuple of {len(self._names)} values, one "
+                    f"per key column {self._names}"))
+                continue
+            ok.append((element, ts, win, command))
+        if not ok:
+            return
+        rows = [c.value for _, _, _, c in ok if c.value is not None]
+        canonical = self._conform(rows)
+        keys = self._canonical_keys([c.key for _, _, _, c in ok])
+        i = 0
+        for (element, ts, win, command), key in zip(ok, keys):
+            row = None
+            if command.value is not None:
+                row, i = canonical[i], i + 1
+            if isinstance(key, _Reason):
+                yield self._reject(element, ts, win, key)
+                continue
+            if isinstance(row, _Reason):
+                yield self._reject(element, ts, win, row)
+                continue
+            if row is not None:
+                held = _key_of(row, self._names)
+                if held != key:
+                    yield self._reject(element, ts, win, (
+                        f"the row's key {held!r} (column(s) {self._names}) disagrees with the "
+                        f"command's key {command.key!r}"))
+                    continue
+            yield WindowedValue((encode_key(key), (ts.micros, command.offset, row)), ts, [win])
+
+    def _conform(self, rows: List[dict]) -> List[Union[dict, str]]:
+        """Each row canonical, or a string saying why it does not fit."""
+        if not rows:
+            return []
+        try:
+            return self._one(rows)
+        except (SchemaMismatchError, pa.ArrowException, TypeError, ValueError, KeyError):
+            pass
+        out: List[Union[dict, str]] = []
+        for row in rows:   # find the offenders one by one; keep the rest
+            try:
+                out.extend(self._one([row]))
+            except (SchemaMismatchError, pa.ArrowException, TypeError, ValueError,
+                    KeyError) as exc:
+                out.append(_Reason(self._diagnose(row, exc)))
+        return out
+
+    def _one(self, rows: List[dict]) -> List[dict]:
+        table = pa.Table.from_pylist(rows, schema=self._schema) \
+            if all(set(r) == set(self._schema.names) for r in rows) else rows
+        return conform(self._s.uri, table, self._schema, self._vector).to_pylist()
+
+    def _diagnose(self, row, exc) -> str:
+        for field in self._schema:
+            try:
+                pa.array([row.get(field.name)], type=field.type)
+            except (pa.ArrowException, TypeError, ValueError) as err:
+                return f"column {field.name!r}: {err}"
+            if row.get(field.name) is None and not field.nullable:
+                return f"column {field.name!r} is not nullable but the row has no value for it"
+        return str(exc).replace(f"{self._s.uri}: ", "", 1)
+
+    def _canonical_keys(self, keys: List[Any]) -> List[Any]:
+        """Keys cast to the key columns' types (so 7 and 7.0 are one key), or reasons."""
+        out = []
+        try:
+            out = [_key_of(r, self._names)
+                   for r in _key_table(keys, self._schema, self._names).to_pylist()]
+        except (pa.ArrowException, TypeError, ValueError):
+            out = []
+        for key in keys if not out else ():
+            try:
+                out.append(_key_of(_key_table([key], self._schema, self._names).to_pylist()[0],
+                                   self._names))
+            except (pa.ArrowException, TypeError, ValueError) as exc:
+                out.append(_Reason(
+                    f"key {key!r} does not fit the key column(s) {self._names}: {exc}"))
+        for i, key in enumerate(out):
+            if key is None or (isinstance(key, tuple) and None in key):
+                out[i] = _Reason(f"key {keys[i]!r} has a null part; key columns are not "
+                                 "nullable")
+        return out
+
+
+# -- applying commands per key ------------------------------------------------------------
+class _ApplyGrouped(beam.DoFn):
+    """Grouped flavor: ``(key, commands)`` -> ``(PUT, key, row)`` / ``(DEL, key, None)``.
+
+    Keys are gathered ``LOOKUP_BATCH_KEYS`` at a time so their prior rows are
+    read back from the pinned version in one lookup.
+    """
+
+    def __init__(self, settings: _Settings) -> None:
+        self._s = settings
+
+    def setup(self):
+        self._counters = UpsertCounters()
+        self._handles = _Handles(self._s)
+
+    def start_bundle(self):
+        self._pending: List[tuple] = []
+        self._version = None
+
+    def process(self, element, pin=None):
+        self._version = pin["version"]
+        self._pending.append((decode_key(element[0]), list(element[1])))
+        if len(self._pending) >= LOOKUP_BATCH_KEYS:
+            yield from self._flush()
+
+    def finish_bundle(self):
+        if self._pending:
+            yield from self._flush()
+
+    def _flush(self):
+        pending, self._pending = self._pending, []
+        lookup = self._handles.lookup(self._version)
+        table = lookup.table
+        names = table.primary_key
+        keys = [k for k, _ in pending]
+        found = lookup.rows(_key_table(keys, table.user_schema, names),
+                            table.user_schema.names).to_pylist()
+        priors = {_key_of(r, names): r for r in found}
+        tally = [0, 0, 0]
+        for key, commands in pending:
+            applied = apply_times(KeyState(priors.get(key)), commands, key=key)
+            for _, offset, value, reason in applied.invalid:
+                self._counters.invalid.inc()
+                yield pvalue.TaggedOutput(INVALID_TAG, window.GlobalWindows.windowed_value(
+                    Invalid(UpsertCommand(key, value, offset), reason)))
+            if not applied.steps:
+                continue
+            for _, old, new in applied.steps:
+                tally[step_kind(old, new)] += 1
+            value = applied.state.value
+            yield window.GlobalWindows.windowed_value(
+                (PUT, key, value) if value is not None else (DEL, key, None))
+        self._counters.add_steps(tally)
+
+
+class _ApplyStateful(beam.DoFn):
+    """Stateful flavor: applies a key's commands when the watermark passes their time.
+
+    The key's prior is read back from the pinned version on its first
+    firing; after that the key's state holds its value (or that it holds
+    none: a touched key never reads the table again, which our own commits
+    may not have reached yet).
+    """
+
+    STASH = BagStateSpec("stash", coders.FastPrimitivesCoder())
+    APPLY = TimerSpec("apply", TimeDomain.WATERMARK)
+
+    def __init__(self, settings: _Settings) -> None:
+        self._s = settings
+
+    def setup(self):
+        self._counters = UpsertCounters()
+        self._handles = _Handles(self._s)
+
+    def process(self, element, stash=beam.DoFn.StateParam(STASH),
+                apply=beam.DoFn.TimerParam(APPLY)):
+        # The pin travels in the element: a stateful DoFn with a side input
+        # is not translated reliably (Beam picks its main input by set order).
+        micros, offset, row, pin = element[1]
+        stash.add((_STAMP_CMD, micros, offset, row, pin))
+        apply.set(Timestamp(micros=micros), dynamic_timer_tag=str(micros))
+
+    @on_timer(APPLY)
+    def apply_due(self, key=beam.DoFn.KeyParam, fired_at=beam.DoFn.TimestampParam,
+                  stash=beam.DoFn.StateParam(STASH)):
+        key = decode_key(key)
+        now = fired_at.micros
+        state, due, pending, pin = None, [], [], None
+        for entry in stash.read():
+            if entry[0] == _STAMP_CMD:
+                (due if entry[1] <= now else pending).append(entry)
+                pin = entry[4]
+            else:
+                state = KeyState(*entry[1:])
+        if not due:
+            return
+        touched = state is not None
+        if not touched:
+            lookup = self._handles.lookup(pin[0])
+            table = lookup.table
+            found = lookup.rows(_key_table([key], table.user_schema, table.primary_key),
+                                table.user_schema.names).to_pylist()
+            state = KeyState(found[0] if found else None)
+        applied = apply_times(state, ((e[1], e[2], e[3]) for e in due), key=key, late_ok=True)
+        stash.clear()
+        # A touched key keeps its state even without a value (unlike
+        # beam_upsert's), so it never reads a table our commits have not reached.
+        stash.add((_STAMP_STATE,) + tuple(applied.state))
+        for entry in pending:
+            stash.add(entry)
+        for _, offset, value, reason in applied.invalid:
+            self._counters.invalid.inc()
+            yield pvalue.TaggedOutput(INVALID_TAG, Invalid(UpsertCommand(key, value, offset),
+                                                           reason))
+        if not applied.steps:
+            return
+        tally = [0, 0, 0]
+        for _, old, new in applied.steps:
+            tally[step_kind(old, new)] += 1
+        self._counters.add_steps(tally)
+        value = applied.state.value
+        at = applied.steps[-1][0]
+        yield window.TimestampedValue(
+            (PUT, key, value, pin) if value is not None else (DEL, key, None, pin),
+            Timestamp(micros=at))
+
+
+class _LatestPerKey(beam.DoFn):
+    """Bounded input through the stateful flavor: each key's last change only."""
+
+    def process(self, element):
+        key, changes = element
+        yield max(changes, key=lambda c: c[0])[1]
+
+
+# -- building superfiles (bounded) -------------------------------------------------------------
+class _RowsToArrow(beam.DoFn):
+    """Changed rows (dicts, canonical) -> Arrow tables of the table's schema.
+
+    Also yields ``(rows, Arrow bytes, vectors or None)`` on ``stats``: the
+    vectors only while the pinned table has no grid (to train one).
+    """
+
+    def __init__(self, settings: _Settings) -> None:
+        self._s = settings
+
+    def process(self, rows, pin=None):
+        table = _pinned(self._s, pin["version"])
+        vp = table.properties.get("vector")
+        out = conform(self._s.uri, pa.Table.from_pylist(rows, schema=table.user_schema),
+                      table.user_schema, vp["column"] if vp else None)
+        sample = None
+        if vp is not None and table.grid() is None:
+            sample = vectors_of(out, vp["column"], vp["dim"])
+        yield pvalue.TaggedOutput(_STATS_TAG, (out.num_rows, out.nbytes, sample))
+        yield out
+
+
+class _KeysToArrow(beam.DoFn):
+    """Changed keys -> Arrow tables of the key columns (what the commit resolves)."""
+
+    def __init__(self, settings: _Settings) -> None:
+        self._s = settings
+
+    def process(self, keys, pin=None):
+        table = _pinned(self._s, pin["version"])
+        yield _key_table(keys, table.user_schema, table.primary_key)
+
+
+class _Stats(beam.CombineFn):
+    """Rows, Arrow bytes and a uniform sample of vectors (priority sampling)."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+
+    def create_accumulator(self):
+        return 0, 0, None, None
+
+    def _compact(self, keys, sample):
+        if keys is None or len(keys) <= self._limit:
+            return keys, sample
+        keep = np.argpartition(keys, self._limit - 1)[:self._limit]
+        return keys[keep], sample[keep]
+
+    def add_input(self, acc, stats):
+        rows, nbytes, keys, sample = acc
+        rows, nbytes, x = rows + stats[0], nbytes + stats[1], stats[2]
+        if x is not None and len(x):
+            u = np.random.random(len(x))
+            keys = u if keys is None else np.concatenate([keys, u])
+            sample = x if sample is None else np.concatenate([sample, x])
+            keys, sample = self._compact(keys, sample)
+        return rows, nbytes, keys, sample
+
+    def merge_accumulators(self, accs):
+        accs = list(accs)
+        parts = [a for a in accs if a[2] is not None]
+        keys = np.concatenate([a[2] for a in parts]) if parts else None
+        sample = np.concatenate([a[3] for a in parts]) if parts else None
+        keys, sample = self._compact(keys, sample)
+        return sum(a[0] for a in accs), sum(a[1] for a in accs), keys, sample
+
+    def extract_output(self, acc):
+        return acc[0], acc[1], acc[3]
+
+
+class _Plan(beam.DoFn):
+    """The grid (the pinned table's, or one trained on the sample) and the shard count."""
+
+    def __init__(self, settings: _Settings) -> None:
+        self._s = settings
+
+    def process(self, stats, pin=None):
+        rows, nbytes, sample = stats
+        table = _pinned(self._s, pin["version"])
+        target = table.properties.get("target_superfile_bytes", TARGET_SUPERFILE_BYTES)
+        plan = {"n_shards": max(1, math.ceil(nbytes / target)), "centroids": None,
+                "stamp": None}
+        if table.properties.get("vector"):
+            plan["centroids"], plan["stamp"] = table.grid(), table.properties.get("grid")
+            if plan["centroids"] is None and sample is not None and len(sample):
+                plan["centroids"], plan["stamp"] = table.train_grid(sample, rows)
+        yield plan
+
+
+class _KeyByShard(beam.DoFn):
+    """Splits a batch of rows by shard: ``cell % n_shards`` with a grid, else at random."""
+
+    def __init__(self, settings: _Settings) -> None:
+        self._s = settings
+
+    def process(self, table, plan=None, pin=None):
+        n = plan["n_shards"]
+        if plan["centroids"] is None:
+            yield int(np.random.randint(n)), (table, None, None)
+            return
+        t = _pinned(self._s, pin["version"])
+        vp = t.properties["vector"]
+        cells, replicas = grid_mod.assign(vectors_of(table, vp["column"], vp["dim"]),
+                                          plan["centroids"], vp["metric"],
+                                          vp.get("replica_factor", 0.0))
+        shard = cells % n
+        for s in np.unique(shard):
+            mask = shard == s
+            yield int(s), (table.filter(pa.array(mask)), cells[mask],
+                           None if replicas is None else replicas[mask])
+
+
+class _Build(beam.DoFn):
+    """One shard's rows -> one uploaded superfile -> its manifest entry."""
+
+    def __init__(self, settings: _Settings) -> None:
+        self._s = settings
+
+    def setup(self):
+        self._built = Metrics.counter(NAMESPACE, "superfiles_built")
+
+    def process(self, element, plan=None, pin=None):
+        _, parts = element
+        parts = list(parts)
+        table = _pinned(self._s, pin["version"])
+        rows = pa.concat_tables([p[0] for p in parts])
+        cells = replicas = None
+        if parts[0][1] is not None:
+            cells = np.concatenate([p[1] for p in parts])
+            if parts[0][2] is not None:
+                replicas = np.concatenate([p[2] for p in parts])
+        stamp = plan["stamp"]
+        entry = build_and_upload(table.store, rows, table.layout(), cells, replicas,
+                                 stamp["sha256"] if stamp else None)
+        self._built.inc()
+        yield entry
+
+
+def _recell(table: Supertable, entries: List[dict]) -> List[dict]:
+    """Entries rebuilt (same rows, same ``_id`` s) against the table's grid."""
+    vp = table.properties["vector"]
+    target = table.properties["grid"]
+    centroids = table.grid()
+    out = []
+    for e in entries:
+        if e.get("grid") == target["sha256"]:
+            out.append(e)
+            continue
+        rows = table.read_superfile(e, table.schema.names)
+        user = rows.drop_columns([ID])
+        cells, replicas = grid_mod.assign(vectors_of(user, vp["column"], vp["dim"]), centroids,
+                                          vp["metric"], vp.get("replica_factor", 0.0))
+        out.append(build_and_upload(table.store, user, table.layout(), cells, replicas,
+                                    target["sha256"], ids=rows.column(ID).to_numpy()))
+    return out
+
+
+def _commit(settings: _Settings, *, entries: List[dict], keys: Optional[pa.Table],
+            frontier: int, token: str, base_version: int,
+            stamp: Optional[dict]) -> Optional[CommitResult]:
+    """One upsert commit: new superfiles plus deletion vectors for the changed keys.
+
+    Returns:
+        The CommitResult, or None when nothing was committed (no change and
+        the frontier already there).
+    """
+    table = Supertable.open(settings.uri, storage_options=settings.storage_options)
+    batch = KeyBatch(keys, table.primary_key) if keys is not None and keys.num_rows else None
+    entries = sorted(entries, key=lambda e: e["id"])
+    metadata = {"job": settings.job_id or token.rsplit("/", 1)[0]}
+    before = table.version
+    for attempt in range(3):
+        if stamp is not None and table.properties.get("grid") is not None:
+            if table.properties["grid"]["sha256"] != stamp["sha256"]:
+                # Another writer stamped its grid first: re-cell against it.
+                entries = sorted(_recell(table, entries), key=lambda e: e["id"])
+            stamp = None
+        props = {"grid": stamp} if stamp else {}
+        mutation = Mutation(table, "upsert", keys=batch, frontier=frontier, token=token,
+                            metadata=metadata, base_version=base_version)
+        request = CommitRequest(operation="upsert", add_entries=tuple(entries),
+                                set_properties=props, token=token, base_version=base_version,
+                                metadata=metadata)
+        try:
+            version = table.commit(request, rebuild=functools.partial(
+                mutation.request, entries=tuple(entries), stamp=props))
+            break
+        except CommitFailedError:
+            raise
+        except CommitConflictError:
+            if not stamp or attempt == 2:
+                raise
+            table.refresh()
+    deduplicated = table.snapshot.deduplicated
+    if version == before and not deduplicated:
+        return None
+    return CommitResult(version, sum(e["rows"] for e in entries), len(entries), deduplicated)
+
+
+class _CommitBounded(beam.DoFn):
+    """Bounded input: the whole changelog as one commit (element: the greatest time)."""
+
+    def __init__(self, settings: _Settings) -> None:
+        self._s = settings
+
+    def setup(self):
+        self._commits = Metrics.counter(NAMESPACE, "commits")
+        self._rows = Metrics.counter(NAMESPACE, "rows_committed")
+        self._deduplicated = Metrics.counter(NAMESPACE, "deduplicated_commits")
+
+    def process(self, greatest, pin=None, entries=(), keys=(), plan=None):
+        keys = [k for k in keys if k.num_rows]
+        result = _commit(self._s, entries=list(entries),
+                         keys=pa.concat_tables(keys) if keys else None,
+                         frontier=int(greatest) + 1,
+                         token=f"{self._s.job_id or 'upsert'}/{pin['run']}",
+                         base_version=pin["version"], stamp=(plan or {}).get("stamp"))
+        if result is None:
+            return
+        if result.deduplicated:
+            self._deduplicated.inc()
+        else:
+            self._commits.inc()
+            self._rows.inc(result.rows)
+        yield result
+
+
+# -- committing per firing (unbounded) ---------------------------------------------------------
+class _CommitStream(beam.DoFn):
+    """Unbounded input: every change up to a slot's end, once the watermark passes it.
+
+    All changes gather on one key; a watermark timer per ``COMMIT_SLOT_US``
+    of event time commits the changes up to the slot's end (the last one of
+    each key) and records the slot's end as the frontier.
+    """
+
+    BUFFER = BagStateSpec("buffer", coders.FastPrimitivesCoder())
+    PIN = ReadModifyWriteStateSpec("pin", coders.FastPrimitivesCoder())
+    FLUSH = TimerSpec("flush", TimeDomain.WATERMARK)
+
+    def __init__(self, settings: _Settings) -> None:
+        self._s = settings
+
+    def setup(self):
+        self._commits = Metrics.counter(NAMESPACE, "commits")
+        self._rows = Metrics.counter(NAMESPACE, "rows_committed")
+
+    def process(self, element, ts=beam.DoFn.TimestampParam,
+                buffer=beam.DoFn.StateParam(BUFFER), pinned=beam.DoFn.StateParam(PIN),
+                flush=beam.DoFn.TimerParam(FLUSH)):
+        kind, key, row, pin = element[1]
+        if pinned.read() is None:
+            pinned.write(pin)
+        micros = ts.micros
+        buffer.add((micros, kind, key, row))
+        slot_end = (micros // COMMIT_SLOT_US + 1) * COMMIT_SLOT_US
+        flush.set(Timestamp(micros=slot_end - 1), dynamic_timer_tag=str(slot_end))
+
+    @on_timer(FLUSH)
+    def commit_due(self, fired_at=beam.DoFn.TimestampParam,
+                   buffer=beam.DoFn.StateParam(BUFFER), pinned=beam.DoFn.StateParam(PIN)):
+        now = fired_at.micros
+        due, pending = [], []
+        for entry in buffer.read():
+            (due if entry[0] <= now else pending).append(entry)
+        if not due:
+            return
+        pin = pinned.read()
+        table = Supertable.open(self._s.uri, storage_options=self._s.storage_options)
+        latest: Dict[Any, tuple] = {}
+        for entry in sorted(due, key=lambda e: e[0]):   # stable: arrival order within a time
+            latest[entry[2]] = entry
+        rows = [e[3] for e in latest.values() if e[1] == PUT]
+        entries, stamp = table.write_superfiles(rows) if rows else ([], {})
+        keys = _key_table(list(latest), table.user_schema, table.primary_key)
+        frontier = max(now + 1, table.frontier or 0)
+        result = _commit(self._s, entries=list(entries), keys=keys, frontier=frontier,
+                         token=f"{self._s.job_id or 'upsert'}/{pin[1]}/{now + 1}",
+                         base_version=pin[0], stamp=stamp.get("grid"))
+        buffer.clear()
+        for entry in pending:
+            buffer.add(entry)
+        if result is not None:
+            self._commits.inc()
+            self._rows.inc(result.rows)
+            yield result
+
+
+# -- the transform --------------------------------------------------------------------------------
+class UpsertToSupertable(beam.PTransform):
+    """Applies upsert commands to a keyed supertable: the table is the upsert's state.
+
+    Example::
+
+        commits = commands | UpsertToSupertable(
+            "s3://bucket/docs", schema=schema, primary_key="id", vector_column="emb")
+        result = commands | UpsertToSupertable("s3://bucket/docs").with_invalid_output()
+        # result.commits: CommitResult per commit; result.invalid: Invalid(element, reason)
+
+    Input elements are the commands ``Upsert`` takes: ``(key, row | None,
+    offset)`` (or ``UpsertCommand``), the element timestamp being the
+    command's time. ``row`` is a dict of the table's columns whose key
+    column(s) equal ``key`` (a tuple for a composite key); ``None`` deletes.
+
+    Args:
+        uri: the table (a keyed table; created when absent if ``schema`` and
+            ``primary_key`` are given, inside the pipeline).
+        schema: the user columns, to create the table; checked against an
+            existing table's.
+        primary_key: the key column(s), to create the table; checked against
+            an existing table's.
+        vector_column, metric, fts_columns: the indexes of a table created here.
+        storage_options: fsspec options of the store.
+        job_id: names the commits (in their tokens and metadata).
+        flavor: ``"grouped"`` (bounded input), ``"stateful"`` (watermark
+            timers; any input) or ``"auto"``: grouped for bounded input,
+            stateful otherwise.
+
+    Note:
+        Bounded input lands as ONE commit recording ``frontier`` = the
+        greatest command time applied + 1 µs; commands below the table's
+        frontier when the pipeline starts are dropped (counted
+        ``beam_upsert/dropped_before_resume``), so rerunning a batch commits
+        nothing. Unbounded input commits once per ``COMMIT_SLOT_US`` of
+        event time the watermark passes, recording the slot's end. Counters:
+        ``beam_upsert/inserts|updates|deletes|invalid|dropped_before_resume``
+        and ``beam_supertable/commits|rows_committed``. One job at a time
+        per table: a commit whose frontier is below the table's (another
+        job applied later commands meanwhile) fails with FrontierError and
+        commits nothing.
+    """
+
+    def __init__(self, uri: str, schema: Optional[pa.Schema] = None,
+                 primary_key: Union[str, Sequence[str], None] = None,
+                 vector_column: Optional[str] = None, metric: str = "l2",
+                 fts_columns: Sequence[str] = (), storage_options: Optional[dict] = None,
+                 job_id: Optional[str] = None, flavor: Flavor = "auto",
+                 label: Optional[str] = None) -> None:
+        super().__init__(label)
+        where = "UpsertToSupertable"
+        if not isinstance(uri, str) or not uri:
+            raise ValueError(f"{where}: uri must be a non-empty str, got {uri!r}")
+        if flavor not in FLAVORS:
+            raise ValueError(f"{where}: flavor must be one of {FLAVORS}, got {flavor!r}")
+        if metric not in METRICS:
+            raise ValueError(f"{where}: metric must be one of {METRICS}, got {metric!r}")
+        check_metric(metric)
+        if job_id is not None and (not isinstance(job_id, str) or not job_id):
+            raise ValueError(f"{where}: job_id must be a non-empty str, got {job_id!r}")
+        if schema is not None and not isinstance(schema, pa.Schema):
+            raise TypeError(f"{where}: schema must be a pyarrow.Schema, got "
+                            f"{type(schema).__name__}")
+        if isinstance(fts_columns, str):
+            fts_columns = [fts_columns]
+        names = None
+        if primary_key is not None:
+            names = [primary_key] if isinstance(primary_key, str) else list(primary_key)
+            if not names:
+                raise ValueError(f"{where}: primary_key must name at least one column")
+        if schema is not None:
+            if ID in schema.names:
+                raise SchemaMismatchError(f"{where}: column {ID!r} is reserved for row ids")
+            if names:
+                check_primary_key(uri, schema, names)
+            for column in ([vector_column] if vector_column else []) + list(fts_columns):
+                if column not in schema.names:
+                    raise SchemaMismatchError(
+                        f"{where}: column {column!r} is not in the schema {schema.names}")
+            if vector_column:
+                vector_dim(schema.field(vector_column))
+        self._settings = _Settings(uri, storage_options, schema, names, vector_column, metric,
+                                   tuple(fts_columns), job_id)
+        self._flavor = flavor
+        self._with_invalid = False
+
+    def with_invalid_output(self) -> "UpsertToSupertable":
+        """Makes the transform return ``UpsertWriteResult(commits, invalid)``."""
+        self._with_invalid = True
+        return self
+
+    def resolved_flavor(self, commands: beam.PCollection) -> str:
+        """The flavor ``expand`` uses (resolves ``"auto"``)."""
+        if self._flavor != "auto":
+            return self._flavor
+        return "grouped" if commands.is_bounded else "stateful"
+
+    def expand(self, commands):
+        s = self._settings
+        bounded = commands.is_bounded
+        flavor = self.resolved_flavor(commands)
+        if flavor == "grouped" and not bounded:
+            raise ValueError("UpsertToSupertable: flavor='grouped' needs bounded input; use "
+                             "'stateful' or 'auto' for unbounded input")
+        pin = beam.pvalue.AsSingleton(
+            commands.pipeline | "Start" >> beam.Create([None])
+            | "Pin" >> beam.ParDo(_Pin(s)))
+        if not isinstance(commands.windowing.windowfn, window.GlobalWindows):
+            # An upsert is per key over all time: windowing must not split it.
+            commands = commands | "GlobalWindow" >> beam.WindowInto(window.GlobalWindows())
+        checked = commands | "Validate" >> beam.ParDo(_Validate(s), pin).with_outputs(
+            INVALID_TAG, main="commands")
+        invalid = [checked[INVALID_TAG]]
+        # Keys are the encoded bytes (beam_upsert.prepare): say so, so keyed
+        # state and grouping use a deterministic bytes coder.
+        keyed = checked.commands | "Keyed" >> beam.WindowInto(
+            window.GlobalWindows()).with_output_types(Tuple[bytes, Any])
+        if flavor == "grouped":
+            applied = (keyed
+                       | "GroupByKey" >> beam.GroupByKey()
+                       | "Apply" >> beam.ParDo(_ApplyGrouped(s), pin).with_outputs(
+                           INVALID_TAG, main="changes"))
+        else:
+            applied = (keyed
+                       | "AttachPin" >> beam.Map(
+                           lambda kv, pin: (kv[0], kv[1] + ((pin["version"], pin["run"]),)),
+                           pin).with_output_types(Tuple[bytes, Any])
+                       | "Apply" >> beam.ParDo(_ApplyStateful(s)).with_outputs(
+                           INVALID_TAG, main="changes"))
+        invalid.append(applied[INVALID_TAG])
+        changes = applied.changes
+        if bounded:
+            if flavor == "stateful":
+                changes = (changes
+                           | "ByKey" >> beam.Map(
+                               lambda c, ts=beam.DoFn.TimestampParam:
+                               (encode_key(c[1]), (ts.micros, c)))
+                           | "GroupChanges" >> beam.GroupByKey()
+                           | "Latest" >> beam.ParDo(_LatestPerKey()))
+            commits = self._commit_bounded(checked.commands, changes, pin)
+        else:
+            commits = (changes
+                       | "OneKey" >> beam.Map(lambda c: (0, c)).with_output_types(
+                           Tuple[int, Any])
+                       | "Commit" >> beam.ParDo(_CommitStream(s)).with_output_types(
+                           CommitResult))
+        if not self._with_invalid:
+            return commits
+        return UpsertWriteResult(commits, tuple(invalid) | "Invalid" >> beam.Flatten())
+
+    def _commit_bounded(self, commands, changes, pin):
+        s = self._settings
+        arrow = (changes
+                 | "Puts" >> beam.FlatMap(lambda c: [c[2]] if c[0] == PUT else [])
+                 | "BatchRows" >> beam.BatchElements(min_batch_size=1,
+                                                     max_batch_size=ARROW_BATCH_ROWS)
+                 | "RowsToArrow" >> beam.ParDo(_RowsToArrow(s), pin).with_outputs(
+                     _STATS_TAG, main="rows"))
+        rows = arrow.rows
+        stats = arrow[_STATS_TAG] | "Stats" >> beam.CombineGlobally(_Stats(GRID_SAMPLE_ROWS))
+        plan = beam.pvalue.AsSingleton(stats | "Plan" >> beam.ParDo(_Plan(s), pin))
+        entries = (rows
+                   | "KeyByShard" >> beam.ParDo(_KeyByShard(s), plan, pin)
+                   | "GroupByShard" >> beam.GroupByKey()
+                   | "Build" >> beam.ParDo(_Build(s), plan, pin))
+        keys = (changes
+                | "Keys" >> beam.Map(lambda c: c[1])
+                | "BatchKeys" >> beam.BatchElements(min_batch_size=1,
+                                                    max_batch_size=ARROW_BATCH_ROWS * 4)
+                | "KeysToArrow" >> beam.ParDo(_KeysToArrow(s), pin))
+        greatest = (commands
+                    | "Times" >> beam.Map(lambda kv: kv[1][0])
+                    | "Greatest" >> beam.CombineGlobally(max).without_defaults())
+        return greatest | "Commit" >> beam.ParDo(
+            _CommitBounded(s), pin, beam.pvalue.AsList(entries), beam.pvalue.AsList(keys),
+            plan).with_output_types(CommitResult)
+
+    def display_data(self):
+        s = self._settings
+        return {
+            "uri": DisplayDataItem(s.uri, label="Table"),
+            "primary_key": DisplayDataItem(", ".join(s.primary_key or ()) or "(the table's)",
+                                           label="Primary key"),
+            "flavor": DisplayDataItem(self._flavor, label="Flavor"),
+            "job_id": DisplayDataItem(s.job_id or "(one per run)", label="Job id"),
+            "vector_column": DisplayDataItem(s.vector_column or "", label="Vector column"),
+            "metric": DisplayDataItem(s.metric, label="Metric"),
+        }

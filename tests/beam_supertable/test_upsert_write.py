@@ -1,0 +1,316 @@
+"""UpsertToSupertable: the upsert loop closed on a keyed supertable."""
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import apache_beam as beam
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.test_stream import TestStream
+from apache_beam.testing.util import assert_that, equal_to
+from apache_beam.transforms.window import TimestampedValue
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from beam_supertable import SchemaMismatchError, Supertable, UpsertToSupertable
+from beam_upsert import UpsertCommand
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+D = 4
+SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("emb", pa.list_(pa.float32(), D))])
+S = 1_000_000  # µs per second
+
+
+def _row(i, name, v=None):
+    return {"id": i, "name": name, "emb": [float(v if v is not None else i % 7), 1.0, 0.0, 0.5]}
+
+
+def _commands(items):
+    """``(key, row|None, offset, seconds)`` -> timestamped commands."""
+    return [TimestampedValue(UpsertCommand(k, r, o), t) for k, r, o, t in items]
+
+
+def _run(uri, items, *, options=None, expect_commits=None, expect_invalid=None, **kwargs):
+    """Runs one batch; returns the pipeline result (for counters)."""
+    p = TestPipeline()
+    result = (p | beam.Create(_commands(items))
+              | UpsertToSupertable(uri, storage_options=options, **kwargs).with_invalid_output())
+    if expect_commits is not None:
+        assert_that(result.commits | beam.Map(lambda c: (c.rows, c.deduplicated)),
+                    equal_to(expect_commits), label="Commits")
+    if expect_invalid is not None:
+        assert_that(result.invalid | beam.Map(lambda i: (i.element[0], i.reason.split(":")[0])),
+                    equal_to(expect_invalid), label="Invalid")
+    out = p.run()
+    out.wait_until_finish()
+    return out
+
+
+def _counter(result, name):
+    found = result.metrics().query(MetricsFilter().with_name(name))["counters"]
+    return sum(c.committed if c.committed is not None else c.attempted for c in found)
+
+
+def _table(uri, options=None):
+    t = Supertable.open(uri, storage_options=options)
+    rows = t.to_arrow(columns=[c for c in t.user_schema.names if c != "emb"]).to_pylist()
+    key = t.primary_key
+    return sorted(rows, key=lambda r: tuple(r[k] for k in key))
+
+
+BATCH = [
+    (1, _row(1, "a"), 1, 10),
+    (2, _row(2, "b"), 2, 10),
+    (2, _row(2, "b2"), 3, 11),           # a later time replaces
+    (3, _row(3, "c"), 4, 10),
+    (3, None, 5, 12),                    # deleted again in the same batch
+    (4, _row(4, "d"), 7, 10),
+    (4, _row(4, "d-older"), 6, 10),      # same time, smaller offset: loses
+]
+
+
+def test_bounded_batch_is_one_commit_and_rerun_changes_nothing(table_location):
+    uri, options = table_location
+    create = dict(schema=SCHEMA, primary_key="id", vector_column="emb")
+    _run(uri, BATCH, options=options, expect_commits=[(3, False)], **create)
+    t = Supertable.open(uri, storage_options=options)
+    assert t.version == 1   # create + ONE commit
+    assert t.frontier == 12 * S + 1
+    assert _table(uri, options) == [{"id": 1, "name": "a"}, {"id": 2, "name": "b2"},
+                                    {"id": 4, "name": "d"}]
+    assert t.search(vector=[1.0, 1.0, 0.0, 0.5], k=1, columns=["id"])["id"].to_pylist() == [1]
+    # A rerun of the same batch finds every command below the frontier.
+    again = _run(uri, BATCH, options=options, expect_commits=[], **create)
+    assert Supertable.open(uri, storage_options=options).version == 1
+    assert _counter(again, "dropped_before_resume") == len(BATCH)
+    assert _table(uri, options) == [{"id": 1, "name": "a"}, {"id": 2, "name": "b2"},
+                                    {"id": 4, "name": "d"}]
+
+
+def test_later_batch_applies_on_top_and_older_commands_are_dropped(tmp_path):
+    uri = str(tmp_path / "t")
+    Supertable.create(uri, SCHEMA, primary_key="id", vector_column="emb")
+    _run(uri, BATCH)
+    later = [
+        (1, _row(1, "a2"), 8, 20),           # update
+        (2, None, 9, 20),                    # delete
+        (5, _row(5, "e"), 10, 21),           # insert
+        (4, _row(4, "stale"), 11, 11),       # below the frontier (12 s + 1 µs): dropped
+        (4, _row(4, "d"), 12, 22),           # the value it has: no change
+    ]
+    result = _run(uri, later, expect_commits=[(2, False)])
+    t = Supertable.open(uri)
+    assert t.version == 2
+    assert t.frontier == 22 * S + 1
+    assert _table(uri) == [{"id": 1, "name": "a2"}, {"id": 4, "name": "d"},
+                           {"id": 5, "name": "e"}]
+    assert t.count_rows() == 3
+    assert (_counter(result, "inserts"), _counter(result, "updates"),
+            _counter(result, "deletes"), _counter(result, "dropped_before_resume")) == (1, 1, 1, 1)
+    # Older versions still read their own rows.
+    assert [r["name"] for r in t.checkout(1).to_arrow(columns=["name"]).to_pylist()
+            if r["name"].startswith("b")] == ["b2"]
+
+
+def test_invalid_commands_go_to_the_dead_letter_output(tmp_path):
+    uri = str(tmp_path / "t")
+    items = [
+        (1, _row(1, "ok"), 1, 10),
+        (2, _row(3, "wrong key"), 2, 10),                 # key disagrees with the row
+        (4, {"id": 4, "name": "x", "emb": [1.0]}, 3, 10),  # wrong vector length
+        (5, {"id": 5, "name": "x", "nope": 1}, 4, 10),    # unknown column
+        (6, "not a row", 5, 10),
+        (None, None, 6, 10),                               # no key
+    ]
+    p = TestPipeline()
+    result = (p | beam.Create(_commands(items) + [TimestampedValue("junk", 10)])
+              | UpsertToSupertable(uri, schema=SCHEMA, primary_key="id",
+                                   vector_column="emb").with_invalid_output())
+    reasons = result.invalid | beam.Map(lambda i: (repr(i.element)[:20], i.reason))
+
+    def check(got):
+        text = " | ".join(r for _, r in got)
+        assert len(got) == 6, got
+        for needle in ("disagrees with the command's key 2", "column 'emb'",
+                       "['nope'] are not in the table schema", "must be a dict",
+                       "key is None", "3-tuple"):
+            assert needle in text, (needle, text)
+
+    assert_that(reasons, check)
+    p.run().wait_until_finish()
+    assert _table(uri) == [{"id": 1, "name": "ok"}]
+
+
+def test_composite_key_and_delete(tmp_path):
+    uri = str(tmp_path / "t")
+    schema = pa.schema([("tenant", pa.string()), ("n", pa.int32()), ("v", pa.float64())])
+    create = dict(schema=schema, primary_key=["tenant", "n"])
+
+    def row(t, n, v):
+        return {"tenant": t, "n": n, "v": v}
+
+    _run(uri, [(("a", 1), row("a", 1, 1.0), 1, 1), (("a", 2), row("a", 2, 2.0), 2, 1),
+               (("b", 1), row("b", 1, 3.0), 3, 1),
+               (("b", 2), row("a", 2, 9.0), 4, 1)],        # key disagrees: invalid
+         expect_invalid=[(("b", 2), "the row's key ('a', 2) (column(s) ['tenant', 'n']) "
+                                    "disagrees with the command's key ('b', 2)")],
+         **create)
+    _run(uri, [(("a", 1), None, 5, 2), (("b", 1), row("b", 1, 4.0), 6, 2),
+               ("a", row("a", 3, 1.0), 7, 2)],             # not a tuple key
+         expect_invalid=[("a", "key 'a' must be a tuple of 2 values, one per key column "
+                               "['tenant', 'n']")], **create)
+    t = Supertable.open(uri)
+    assert t.version == 2
+    assert _table(uri) == [row("a", 2, 2.0), row("b", 1, 4.0)]
+    assert t.count_rows(pc.field("tenant") == "a") == 1
+
+
+def test_construction_validates_and_writes_nothing(tmp_path):
+    uri = str(tmp_path / "t")
+    with pytest.raises(ValueError, match="flavor"):
+        UpsertToSupertable(uri, flavor="fast")
+    with pytest.raises(ValueError, match="metric"):
+        UpsertToSupertable(uri, metric="euclid")
+    with pytest.raises(SchemaMismatchError, match="primary key column 'nope'"):
+        UpsertToSupertable(uri, schema=SCHEMA, primary_key="nope")
+    UpsertToSupertable(uri, schema=SCHEMA, primary_key="id", vector_column="emb")
+    assert not os.path.exists(uri)
+
+
+def test_a_keyless_table_fails_the_pipeline_clearly(tmp_path):
+    uri = str(tmp_path / "t")
+    Supertable.create(uri, SCHEMA)
+    with pytest.raises(Exception, match="no primary key"):
+        _run(uri, BATCH)
+    assert Supertable.open(uri).version == 0
+
+
+def test_stateful_flavor_on_bounded_input_matches_grouped(tmp_path):
+    tables = []
+    for flavor in ("grouped", "stateful"):
+        uri = str(tmp_path / flavor)
+        _run(uri, BATCH, schema=SCHEMA, primary_key="id", flavor=flavor)
+        t = Supertable.open(uri)
+        assert t.version == 1 and t.frontier == 12 * S + 1
+        tables.append(_table(uri))
+    assert tables[0] == tables[1]
+
+
+# -- unbounded input ------------------------------------------------------------------
+STREAM = [(k, _row(k, f"v{k}-{t}") if (k + t) % 5 else None, t * 10 + k, t)
+          for t in range(1, 7) for k in range(8)]
+
+
+def _stream_run(uri, items, *, until=None):
+    """Streams ``items`` (ascending times), advancing the watermark after each time.
+
+    With ``until``, only items before that time are sent and the job stops
+    (a crash: the rest never arrives).
+    """
+    stream = TestStream()
+    for t in sorted({i[3] for i in items}):
+        if until is not None and t >= until:
+            break
+        stream = stream.add_elements(_commands([i for i in items if i[3] == t]))
+        stream = stream.advance_watermark_to(t + 1)
+    stream = stream.advance_watermark_to_infinity()
+    p = TestPipeline(options=PipelineOptions(streaming=True))
+    commits = (p | stream
+               | UpsertToSupertable(uri, schema=SCHEMA, primary_key="id"))
+    assert_that(commits | beam.Map(lambda c: c.deduplicated), lambda got: all(not d for d in got))
+    p.run().wait_until_finish()
+
+
+def _model(items, frontier=None):
+    """The reference: per key, the command with the greatest (time, offset)."""
+    last = {}
+    for k, r, o, t in items:
+        if frontier is not None and t * S < frontier:
+            continue
+        if k not in last or (t, o) > last[k][0]:
+            last[k] = ((t, o), r)
+    return sorted(({"id": r["id"], "name": r["name"]} for _, r in last.values() if r),
+                  key=lambda r: r["id"])
+
+
+def test_unbounded_commits_per_firing_and_restart_resumes_from_the_frontier(tmp_path):
+    single = str(tmp_path / "single")
+    _stream_run(single, STREAM)
+    t = Supertable.open(single)
+    assert _table(single) == _model(STREAM)
+    assert t.version > 2                       # one commit per firing, not one in all
+    assert t.frontier == 7 * S                 # the end of the last slot applied
+    fronts = [t.checkout(v).frontier for v in range(1, t.version + 1)]
+    assert fronts == sorted(fronts)            # only moves forward
+    # A job that stops after time 3, restarted on the whole stream.
+    restarted = str(tmp_path / "restarted")
+    _stream_run(restarted, STREAM, until=4)
+    assert Supertable.open(restarted).frontier == 4 * S
+    _stream_run(restarted, STREAM)
+    assert _table(restarted) == _table(single)
+    assert Supertable.open(restarted).frontier == 7 * S
+
+
+# -- a reference model ------------------------------------------------------------------
+_cmd = st.tuples(st.integers(0, 6), st.booleans(), st.integers(0, 4))   # key, delete?, time
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(first=st.lists(_cmd, max_size=12), second=st.lists(_cmd, max_size=12))
+def test_table_equals_the_last_command_per_key_above_the_frontier(first, second):
+    uri = f"memory://upsert-model/{uuid.uuid4().hex}"
+    offsets = iter(range(10_000))
+
+    def items(raw, shift):
+        return [(k, None if gone else _row(k, f"{k}@{t + shift}"), next(offsets), t + shift)
+                for k, gone, t in raw]
+
+    a, b = items(first, 10), items(second, 12)
+    _run(uri, a, schema=SCHEMA, primary_key="id")
+    t = Supertable.open(uri)
+    frontier = t.frontier
+    assert _table(uri) == _model(a)
+    _run(uri, b, schema=SCHEMA, primary_key="id")
+    merged = a + [i for i in b if frontier is None or i[3] * S >= frontier]
+    assert _table(uri) == _model(merged)
+    t = Supertable.open(uri)
+    live = t.to_arrow(columns=["id"])["id"].to_pylist()
+    assert len(live) == len(set(live))   # at most one live row per key
+
+
+# -- crashes, with real processes ------------------------------------------------------------
+CRASH_BATCH = [(k, _row(k, f"n{k}"), k, 10 + k % 3) for k in range(40)] + \
+              [(k, None, 100 + k, 20) for k in range(0, 40, 7)]
+
+
+def _proc(uri, crash):
+    return subprocess.run(
+        [sys.executable, "-m", "tests.beam_supertable.upsert_proc", uri, crash],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": ROOT})
+
+
+@pytest.mark.parametrize("crash", ["before", "after"])
+def test_crash_around_the_commit_then_rerun_equals_one_clean_run(tmp_path, crash):
+    clean = str(tmp_path / "clean")
+    done = _proc(clean, "none")
+    assert done.returncode == 0, done.stderr[-3000:]
+    uri = str(tmp_path / "crashed")
+    died = _proc(uri, crash)
+    assert died.returncode == 17, died.stderr[-3000:]
+    t = Supertable.open(uri)
+    assert t.version == (0 if crash == "before" else 1)
+    again = _proc(uri, "none")
+    assert again.returncode == 0, again.stderr[-3000:]
+    t, c = Supertable.open(uri), Supertable.open(clean)
+    assert t.version == c.version == 1
+    assert t.frontier == c.frontier
+    assert _table(uri) == _table(clean) == _model(CRASH_BATCH)
+    assert json.dumps(t.history()[-1]["operation"]) == json.dumps("upsert")
