@@ -7,6 +7,7 @@ from beam_supertable.errors import (
     StoreIOError, SupertableError, TableExistsError, TokenReuseError, UnsafeBackendError,
     VersionNotFoundError)
 from beam_supertable.manifest import CommitRequest, Manifest, Snapshot, VacuumReport
+from beam_supertable.optimize import OptimizeGroup, OptimizePlan
 from beam_supertable.store import ObjectInfo, ObjectStore
 from beam_supertable.table import Supertable
 
@@ -15,7 +16,7 @@ __all__ = [
     "CommitResult", "ReadFromSupertable", "WriteResult", "WriteToSupertable",
     "AlreadyExists", "CommitConflictError", "CommitFailedError", "CommitRequest",
     "CorruptManifestError", "DuplicateKeyError", "FrontierError",
-    "Manifest", "MemoryBudgetError", "NotATableError", "ObjectInfo", "ObjectStore", "SchemaMismatchError",
+    "Manifest", "MemoryBudgetError", "NotATableError", "OptimizeGroup", "OptimizePlan", "ObjectInfo", "ObjectStore", "SchemaMismatchError",
     "Snapshot", "StoreIOError", "Supertable", "SupertableError", "TableExistsError",
     "TokenReuseError", "UnsafeBackendError",
     "VacuumReport", "VersionNotFoundError",

@@ -186,6 +186,7 @@ def build(table: pa.Table, *, vector: Optional[VectorSpec] = None,
             "replica_rows": rep_rows.astype("<i4").tobytes(),
         }
         summary["cells"] = [int(c) for c in uniq]
+        summary["cell_rows"] = [int(c[2]) for c in cell_dir]   # rows per cell, for optimize
         summary["replica_cells"] = [d[0] for d in rep_dir]
     text_section = None
     if fts_columns:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import functools
 import logging
-from typing import Any, Dict, List, Literal, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Literal, Optional, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
@@ -31,6 +31,9 @@ from beam_supertable.vector import grid as grid_mod
 from beam_supertable.vector import search as vector_search
 from beam_supertable.vector.metric import check_metric, nearest, prepare
 from beam_supertable.writer import TARGET_SUPERFILE_BYTES, Layout, write_superfiles
+
+if TYPE_CHECKING:
+    from beam_supertable.optimize import OptimizePlan
 
 __all__ = ["CREATE_MODES", "CreateMode", "Metric", "Supertable"]
 
@@ -72,7 +75,8 @@ class Supertable:
         self._manifest = snapshot.manifest
         self._snapshot = snapshot
         self._cache = ByteCache(cache_bytes)
-        self._grid: Optional[np.ndarray] = None
+        self._grid: Optional[tuple] = None        # (sha256, centroids)
+        self._lineage: Dict[tuple, Optional[np.ndarray]] = {}
         self.io = IOStats()
 
     # -- opening ---------------------------------------------------------
@@ -265,9 +269,10 @@ class Supertable:
         ref = self._snapshot.properties.get("grid")
         if ref is None:
             return None
-        if self._grid is None:
-            self._grid = grid_mod.from_bytes(self._store.get(ref["path"]))
-        return self._grid
+        if self._grid is None or self._grid[0] != ref["sha256"]:
+            # Keyed by the grid's hash: optimize may split cells (a new grid).
+            self._grid = (ref["sha256"], grid_mod.from_bytes(self._store.get(ref["path"])))
+        return self._grid[1]
 
     def train_grid(self, vectors: np.ndarray, rows: Optional[int] = None) -> tuple:
         """Trains and uploads a grid (not yet stamped); returns (centroids, stamp).
@@ -496,6 +501,51 @@ class Supertable:
         return self._manifest.vacuum(retain_versions=retain_versions, older_than=older_than,
                                      dry_run=dry_run)
 
+    def optimize(self, *, target_file_bytes: int = 64 * 2**20, max_cell_rows: Optional[int] = None,
+                 max_rewrite_bytes: Optional[int] = None, dry_run: bool = False,
+                 vacuum_after: bool = False, older_than: Optional[datetime.timedelta] = None,
+                 retain_versions: int = 10, progress: Optional[Callable[[int, int], None]] = None,
+                 token: Optional[str] = None) -> Union[int, None, "OptimizePlan"]:
+        """Compacts superfiles by cell, drops deleted rows and splits big cells, in one commit.
+
+        Small superfiles and superfiles with deleted rows are rewritten,
+        their live rows grouped by cell into superfiles of about
+        ``target_file_bytes``; cells holding more than ``max_cell_rows`` live
+        rows are split by k-means into sub-cells (the grid grows; superfiles
+        of the older grid stay readable and searchable). Every row keeps its
+        ``_id`` and values, and every read gives the same rows before and
+        after. See :mod:`beam_supertable.optimize`.
+
+        Appends that land meanwhile never conflict; deletes and upserts that
+        land on a superfile being rewritten are carried over to its new
+        superfiles by ``_id``.
+
+        Args:
+            target_file_bytes: the size rewritten superfiles aim at (64 MiB).
+            max_cell_rows: split cells with more live rows; default
+                ``max(1024, 2·sqrt(live rows))`` (``optimize.default_max_cell_rows``).
+            max_rewrite_bytes: rewrite at most about this many bytes of
+                superfiles in this call (a huge table is optimized over
+                several calls); at least one unit of work is done.
+            dry_run: write nothing; return the ``OptimizePlan``.
+            vacuum_after: after a successful optimize, ``vacuum(retain_versions=...,
+                older_than=...)`` (``older_than=None``: the default grace, 6 h).
+            retain_versions: for ``vacuum_after``.
+            progress: called with ``(groups done, groups)`` as groups are rewritten.
+            token: idempotency token (default: one derived from the plan).
+
+        Returns:
+            The new version; None when there was nothing to do (nothing is
+            written); the plan with ``dry_run``.
+        """
+        from beam_supertable import optimize as opt
+        result = opt.optimize(self, target_file_bytes=target_file_bytes,
+                              max_cell_rows=max_cell_rows, max_rewrite_bytes=max_rewrite_bytes,
+                              dry_run=dry_run, progress=progress, token=token)
+        if vacuum_after and isinstance(result, int):
+            self.vacuum(retain_versions=retain_versions, older_than=older_than)
+        return result
+
     # -- reading ---------------------------------------------------------
     def superfiles(self) -> List[dict]:
         return self._snapshot.entries()
@@ -662,23 +712,53 @@ class Supertable:
         probe = nprobe or vector_search.default_nprobe(n_cells)
         out: List[list] = [[] for _ in range(len(q))]
         todo = np.arange(len(q))
+        by_grid = self._by_grid(entries)
         while len(todo):
             probes = nearest(q[todo], centroids, metric, probe)
-            wanted = set(np.unique(probes).tolist())
-            live = [si for si, e in enumerate(entries)
-                    if wanted & (set(e.get("cells", ())) | set(e.get("replica_cells", ())))]
-            indexes = [self._reader(entries[si]).vector_index() for si in live]
-            sub_allowed = None if allowed is None else (lambda i, rows: allowed(live[i], rows))
-            found = vector_search.vector_search(indexes, q[todo], probes, metric, depth, sub_allowed)
+            for j in range(len(todo)):
+                out[todo[j]] = []
+            for up, members in by_grid:
+                # Superfiles of an older grid: probe the cells the probed
+                # (newer, split) cells descend from.
+                sub = probes if up is None else _unique_rows(up[probes])
+                wanted = set(np.unique(sub).tolist())
+                live = [si for si in members if wanted & (
+                    set(entries[si].get("cells", ())) | set(entries[si].get("replica_cells", ())))]
+                indexes = [self._reader(entries[si]).vector_index() for si in live]
+                sub_allowed = None if allowed is None else \
+                    (lambda i, rows, live=live: allowed(live[i], rows))
+                found = vector_search.vector_search(indexes, q[todo], sub, metric, depth,
+                                                    sub_allowed)
+                for j, qi in enumerate(todo):
+                    out[qi].extend((d, live[si], row) for d, si, row in found[j])
             short = []
-            for j, qi in enumerate(todo):
-                out[qi] = [(d, live[si], row) for d, si, row in found[j]]
+            for qi in todo:
+                if len(by_grid) > 1:
+                    out[qi] = sorted(out[qi])[:depth]
                 if len(out[qi]) < depth:
                     short.append(qi)
             if nprobe is not None or probe >= n_cells or allowed is None:
                 break
             # A selective filter left too few rows in the probed cells: widen.
             todo, probe = np.array(short, dtype=np.int64), min(n_cells, probe * 2)
+        return out
+
+    def _by_grid(self, entries) -> List[tuple]:
+        """Entries grouped by the grid version they were written against:
+        ``[(ancestor map or None for the current grid, [entry index, ...])]``."""
+        stamp = self._snapshot.properties["grid"]
+        if not stamp.get("lineage"):
+            return [(None, list(range(len(entries))))]
+        sizes = grid_mod.lineage(stamp)
+        groups: Dict[int, List[int]] = {}
+        for si, e in enumerate(entries):
+            groups.setdefault(sizes.get(e.get("grid"), stamp["n_cells"]), []).append(si)
+        out = []
+        for n, members in sorted(groups.items(), reverse=True):
+            key = (stamp["sha256"], n)
+            if key not in self._lineage:
+                self._lineage[key] = None if n == stamp["n_cells"] else grid_mod.ancestors(stamp, n)
+            out.append((self._lineage[key], members))
         return out
 
     def _materialize(self, results, names, single, with_vec, with_text) -> pa.Table:
@@ -717,3 +797,12 @@ class Supertable:
         if not single:
             table = table.append_column("_query", pa.array([f[0] for f in flat], pa.int32()))
         return table
+
+
+def _unique_rows(probes: np.ndarray) -> np.ndarray:
+    """``probes`` with a cell repeated in a row replaced by -1 (probes nothing)."""
+    order = np.sort(probes, axis=1)
+    dup = np.zeros(order.shape, dtype=bool)
+    dup[:, 1:] = order[:, 1:] == order[:, :-1]
+    order[dup] = -1
+    return order
