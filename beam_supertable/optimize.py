@@ -55,6 +55,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional
 import numpy as np
 import pyarrow as pa
 from sklearn.cluster import KMeans
+from threadpoolctl import threadpool_limits
 
 from beam_supertable import deletes as dv
 from beam_supertable.errors import CommitConflictError, CommitFailedError
@@ -78,7 +79,7 @@ _LOG = logging.getLogger(__name__)
 
 DEFAULT_TARGET_FILE_BYTES = TARGET_SUPERFILE_BYTES   # 64 MiB
 SMALL_FILE_SHARE = 0.5        # a superfile under this share of the target is "small"
-MIN_CELL_ROWS = 1024          # the default cell cap never goes below this
+MIN_CELL_ROWS = 256           # the default cell cap never goes below this
 CELL_ROWS_PER_SQRT = 2        # default cap: 2 * sqrt(live rows), what a fresh grid would hold x2
 SPLIT_FILL = 0.5              # sub-cells are sized to this share of the cap...
 SPLIT_MAX_FILL = 0.75         # ...and re-split while one holds more than this share
@@ -470,8 +471,11 @@ def _split_cell(x: np.ndarray, cap: int, metric: str) -> np.ndarray:
             rng = np.random.default_rng(grid_mod.SEED)
             sample = part[rng.choice(len(part), SPLIT_SAMPLE_ROWS, replace=False)] \
                 if len(part) > SPLIT_SAMPLE_ROWS else part
-            km = KMeans(n_clusters=k, n_init=1, max_iter=grid_mod.KMEANS_ITERATIONS,
-                        random_state=grid_mod.SEED).fit(sample)
+            # One thread: the cells are small, and OpenMP's threads spinning on
+            # a busy machine cost ~30x the work itself (measured).
+            with threadpool_limits(1):
+                km = KMeans(n_clusters=k, n_init=1, max_iter=grid_mod.KMEANS_ITERATIONS,
+                            random_state=grid_mod.SEED).fit(sample)
             cents = km.cluster_centers_.astype(np.float32)
             labels = nearest(part, cents, metric, 1)[:, 0]
             nxt.extend(part[labels == j] for j in range(k) if (labels == j).any())

@@ -523,7 +523,7 @@ class Supertable:
         Args:
             target_file_bytes: the size rewritten superfiles aim at (64 MiB).
             max_cell_rows: split cells with more live rows; default
-                ``max(1024, 2·sqrt(live rows))`` (``optimize.default_max_cell_rows``).
+                ``max(256, 2·sqrt(live rows))`` (``optimize.default_max_cell_rows``).
             max_rewrite_bytes: rewrite at most about this many bytes of
                 superfiles in this call (a huge table is optimized over
                 several calls); at least one unit of work is done.

@@ -46,7 +46,7 @@ class OptimizeSupertableOptions(PipelineOptions):
         add_job_argument(
             parser, "--max-cell-rows", "--max_cell_rows", dest="max_cell_rows", type=int,
             default=None, help="Split cells holding more live rows (default: "
-                               "max(1024, 2*sqrt(live rows))).")
+                               "max(256, 2*sqrt(live rows))).")
         add_job_argument(
             parser, "--max-rewrite-bytes", "--max_rewrite_bytes", dest="max_rewrite_bytes",
             type=int, default=None, help="Rewrite at most about this many bytes (default: all).")

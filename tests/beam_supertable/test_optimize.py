@@ -299,6 +299,19 @@ def test_split_grows_the_grid_and_keeps_rows_ids_and_search(table_location):
     assert Supertable.open(uri, storage_options=options).version == version
 
 
+def test_default_cap_resizes_cells_a_small_first_commit_sized(tmp_path):
+    t, _ = _grown(str(tmp_path / "t"), first=400, later=10, rows=1000)
+    n0 = t.properties["grid"]["n_cells"]
+    assert n0 == 20
+    before = _by_id(t)
+    plan = t.optimize(dry_run=True)
+    assert plan.max_cell_rows == 256 and plan.cells_to_split > 0   # max(256, 2·sqrt(10,400))
+    t.optimize()
+    assert t.properties["grid"]["n_cells"] >= 2 * n0
+    assert _by_id(t).equals(before) and _self_recall(t) >= 0.95
+    assert t.optimize() is None
+
+
 def test_a_split_leaves_superfiles_without_the_cell_on_the_old_grid(tmp_path):
     t, centers = _grown(str(tmp_path / "t"), later=0)
     n0 = t.properties["grid"]["n_cells"]
