@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from beam_supertable import (
     CommitConflictError, CommitRequest, OptimizePlan, ReadFromSupertable, Supertable)
 from beam_supertable.optimize import commit_optimize, plan_optimize, rewrite_group
-from beam_supertable.vector.metric import nearest
 
 D = 8
 SCHEMA = pa.schema([("n", pa.int64()), ("body", pa.string()),
@@ -478,3 +477,16 @@ def test_any_sequence_of_writes_and_optimizes_reads_like_a_dict(tmp_path_factory
         assert got["_distance"][0].as_py() == pytest.approx(0, abs=1e-4)
     t.optimize()
     assert t.optimize() is None
+
+
+def test_an_empty_table_and_a_fully_deleted_one(tmp_path):
+    t = Supertable.create(str(tmp_path / "e"), SCHEMA, vector_column="emb", fts_columns=["body"])
+    assert t.optimize() is None and t.version == 0
+    t = _streamed(str(tmp_path / "d"), commits=3)
+    t.delete(pc.field("n") >= 0)
+    assert isinstance(t.optimize(), int)
+    assert t.superfiles() == [] and t.count_rows() == 0 and t.snapshot.totals["deleted"] == 0
+    assert t.search(vector=np.zeros(D, np.float32), k=3).num_rows == 0
+    assert t.optimize() is None
+    t.append(_rows(100, 10))
+    assert t.count_rows() == 10 and t.search(text="amber", k=3).num_rows > 0
