@@ -49,6 +49,8 @@ import hashlib
 import json
 import logging
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence,
                     Tuple, Union)
 
@@ -715,10 +717,13 @@ def optimize(table: "Supertable", *, target_file_bytes: int = DEFAULT_TARGET_FIL
         total = len(plan.groups)
         if progress is not None:
             progress(0, total)
-        for done, group in enumerate(plan.groups, 1):
-            entries.extend(rewrite_group(table, plan, group))
-            if progress is not None:
-                progress(done, total)
+        # Groups in parallel threads (Parquet, codes and uploads release the GIL).
+        with ThreadPoolExecutor(max_workers=min(total, os.cpu_count() or 2)) as pool:
+            futures = [pool.submit(rewrite_group, table, plan, g) for g in plan.groups]
+            for done, future in enumerate(as_completed(futures), 1):
+                entries.extend(future.result())
+                if progress is not None:
+                    progress(done, total)
         try:
             return commit_optimize(table, plan, entries, token=token)
         except CommitFailedError:
