@@ -287,10 +287,18 @@ def plan_optimize(table: "Supertable", *, target_file_bytes: int = DEFAULT_TARGE
                 if cell < n_now:
                     per_cell[cell] += live
                 holders.setdefault(cell, []).append(e)
+        metric = vp["metric"]
+        n_left = grid_mod.MAX_CELLS - n_now
         for cell in np.argsort(-per_cell, kind="stable"):
-            if per_cell[cell] <= cap:
+            if per_cell[cell] <= cap or n_left <= 0:
                 break
-            units.append(("split", holders[int(cell)], int(cell)))
+            # Split now: a cell k-means cannot divide (rows of one vector)
+            # must not make every later optimize rewrite its superfiles.
+            subs = _split_cell(_cell_vectors(table, int(cell), holders[int(cell)], cell_dirs,
+                                             deleted), cap, metric)
+            if len(subs) >= 2 and len(subs) - 1 <= n_left:
+                units.append(("split", holders[int(cell)], (int(cell), subs)))
+                n_left -= len(subs) - 1
         regrid = []
         for e in entries:
             n_g = sizes.get(e.get("grid"), n_now)
@@ -309,7 +317,7 @@ def plan_optimize(table: "Supertable", *, target_file_bytes: int = DEFAULT_TARGE
     units.extend(("small", [e], None) for e in small)
 
     chosen: Dict[str, dict] = {}
-    splits: List[int] = []
+    splits: List[Tuple[int, np.ndarray]] = []
     budget = max_rewrite_bytes
     spent = 0
     for kind, members, cell in units:
@@ -338,8 +346,7 @@ def plan_optimize(table: "Supertable", *, target_file_bytes: int = DEFAULT_TARGE
                            len(deleted.get(e["id"], ()))) for e in chosen.values())
     new_grid, centroids, new_cells = None, None, 0
     if splits:
-        new_grid, centroids, new_cells = _split(table, stamp, splits, sources, cell_dirs,
-                                                deleted, cap)
+        new_grid, centroids, new_cells = _split(table, stamp, splits)
     groups = _groups(sources, cell_dirs, deleted, stamp, target_file_bytes)
     rows = sum(s.entry["rows"] - s.deleted for s in sources)
     out_files = sum(max(1, int(g.bytes // target_file_bytes)) for g in groups)
@@ -411,59 +418,50 @@ def _groups(sources: Sequence[Source], cell_dirs, deleted, stamp,
     return tuple(groups)
 
 
-def _split(table: "Supertable", stamp: dict, cells: List[int], sources: Sequence[Source],
-           cell_dirs, deleted, cap: int) -> Tuple[dict, np.ndarray, int]:
-    """The grid after splitting ``cells``: k-means on each cell's rows (their
-    SQ8 codes, decoded), re-split while a sub-cell holds over SPLIT_MAX_FILL
-    of the cap. Returns (new grid stamp without a path, centroids, cells added)."""
-    vp = table.snapshot.properties["vector"]
-    metric = vp["metric"]
+def _cell_vectors(table: "Supertable", cell: int, holders: Sequence[dict], cell_dirs,
+                  deleted) -> np.ndarray:
+    """The live rows of ``cell`` in ``holders``: their SQ8 codes, decoded (prepared)."""
+    parts = []
+    for e in holders:
+        for c, start, count in cell_dirs[e["id"]]:
+            if c != cell:
+                continue
+            x = _reader(table, e).vector_index().decoded(start, start + count)
+            gone = deleted.get(e["id"])
+            if gone is not None and len(gone):
+                x = x[~np.isin(np.arange(start, start + count), gone)]
+            parts.append(x)
+    dim = table.snapshot.properties["vector"]["dim"]
+    return np.concatenate(parts) if parts else np.zeros((0, dim), np.float32)
+
+
+def _split(table: "Supertable", stamp: dict, splits: Sequence[Tuple[int, np.ndarray]]
+           ) -> Tuple[dict, np.ndarray, int]:
+    """The grid after the splits ``[(cell, sub-centroids)]``: the first
+    sub-centroid takes the cell's id, the others are appended. Returns (the
+    new grid's stamp without a path, its centroids, cells added)."""
     centroids = table.grid().copy()
     n0 = len(centroids)
-    base = int(stamp.get("base_cells", n0))
     parents = list(stamp.get("parents", ()))
     added: List[np.ndarray] = []
-    by_id = {s.id: s for s in sources}
-    for cell in sorted(cells):
-        parts = []
-        for sid, d in cell_dirs.items():
-            if sid not in by_id:
-                continue
-            for c, start, count in d:
-                if c != cell:
-                    continue
-                index = _reader(table, by_id[sid].entry).vector_index()
-                x = index.decoded(start, start + count)
-                gone = deleted.get(sid)
-                if gone is not None and len(gone):
-                    keep = ~np.isin(np.arange(start, start + count), gone)
-                    x = x[keep]
-                parts.append(x)
-        x = np.concatenate(parts) if parts else np.zeros((0, centroids.shape[1]), np.float32)
-        subs = _split_cell(x, cap, metric)
-        if len(subs) < 2:
-            continue
-        if n0 + sum(len(a) for a in added) + len(subs) - 1 > grid_mod.MAX_CELLS:
-            _LOG.warning("%s: optimize stops splitting at %d cells (the grid's maximum)",
-                         table.uri, grid_mod.MAX_CELLS)
-            break
+    for cell, subs in sorted(splits, key=lambda s: s[0]):
         centroids[cell] = subs[0]
         added.append(subs[1:])
         parents.extend([cell] * (len(subs) - 1))
-    if added:
-        centroids = np.concatenate([centroids] + added).astype(np.float32)
+    centroids = np.concatenate([centroids] + added).astype(np.float32)
     data = grid_mod.to_bytes(centroids)
     lineage = list(stamp.get("lineage", ())) + [
         {"sha256": stamp["sha256"], "n_cells": int(stamp["n_cells"])}]
     new = {"n_cells": int(len(centroids)), "sha256": grid_mod.fingerprint(data),
-           "base_cells": base, "parents": [int(p) for p in parents], "lineage": lineage}
+           "base_cells": int(stamp.get("base_cells", n0)), "parents": [int(p) for p in parents],
+           "lineage": lineage}
     return new, centroids, len(centroids) - n0
 
 
 def _split_cell(x: np.ndarray, cap: int, metric: str) -> np.ndarray:
     """Sub-centroids for one cell's rows (fixed seed: the same rows, the same split)."""
     pending, done = [x], []
-    for round_ in range(SPLIT_ROUNDS):
+    for _ in range(SPLIT_ROUNDS):
         nxt = []
         for part in pending:
             if len(part) <= cap * SPLIT_MAX_FILL or len(part) < 2:
@@ -486,6 +484,8 @@ def _split_cell(x: np.ndarray, cap: int, metric: str) -> np.ndarray:
             break
     done.extend(p.mean(axis=0) for p in pending)
     subs = np.array([c for c in done if c is not None], dtype=np.float32)
+    if len(subs):
+        subs = subs[np.sort(np.unique(subs, axis=0, return_index=True)[1])]
     return prepare(subs, metric) if metric == "cosine" else subs
 
 

@@ -490,3 +490,18 @@ def test_an_empty_table_and_a_fully_deleted_one(tmp_path):
     assert t.optimize() is None
     t.append(_rows(100, 10))
     assert t.count_rows() == 10 and t.search(text="amber", k=3).num_rows > 0
+
+
+def test_a_cell_of_identical_vectors_is_not_split_again_and_again(tmp_path):
+    t = Supertable.create(str(tmp_path / "same"), SCHEMA, vector_column="emb")
+    one = np.ones(D, np.float32)
+    for i in range(4):
+        t.append(pa.table({"n": range(i * 100, i * 100 + 100), "body": ["x"] * 100,
+                           "emb": pa.FixedSizeListArray.from_arrays(
+                               pa.array(np.tile(one, 100)), D)}))
+    before = _by_id(t)
+    plan = t.optimize(max_cell_rows=50, dry_run=True)
+    assert plan.cells_to_split == 0 and plan.superfiles_to_rewrite == 4   # compaction only
+    assert isinstance(t.optimize(max_cell_rows=50), int)
+    assert t.optimize(max_cell_rows=50) is None
+    assert _by_id(t).equals(before)
