@@ -528,7 +528,8 @@ class Supertable:
                 superfiles in this call (a huge table is optimized over
                 several calls); at least one unit of work is done.
             dry_run: write nothing; return the ``OptimizePlan``.
-            vacuum_after: after a successful optimize, ``vacuum(retain_versions=...,
+            vacuum_after: after a successful optimize (one with nothing to do
+                included; not a dry run), ``vacuum(retain_versions=...,
                 older_than=...)`` (``older_than=None``: the default grace, 6 h).
             retain_versions: for ``vacuum_after``.
             progress: called with ``(groups done, groups)`` as groups are rewritten.
@@ -542,7 +543,9 @@ class Supertable:
         result = opt.optimize(self, target_file_bytes=target_file_bytes,
                               max_cell_rows=max_cell_rows, max_rewrite_bytes=max_rewrite_bytes,
                               dry_run=dry_run, progress=progress, token=token)
-        if vacuum_after and isinstance(result, int):
+        if vacuum_after and not dry_run:
+            # Also when there was nothing to optimize: the call succeeded, and
+            # what earlier versions left behind is still reclaimed on schedule.
             self.vacuum(retain_versions=retain_versions, older_than=older_than)
         return result
 

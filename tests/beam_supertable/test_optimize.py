@@ -505,3 +505,13 @@ def test_a_cell_of_identical_vectors_is_not_split_again_and_again(tmp_path):
     assert isinstance(t.optimize(max_cell_rows=50), int)
     assert t.optimize(max_cell_rows=50) is None
     assert _by_id(t).equals(before)
+
+
+def test_vacuum_after_runs_when_there_is_nothing_to_optimize_but_not_on_a_dry_run(tmp_path):
+    t = _streamed(str(tmp_path / "t"), commits=3)
+    t.optimize()
+    old_versions = [h["version"] for h in t.history()][:-1]
+    t.optimize(dry_run=True, vacuum_after=True, older_than=datetime.timedelta(0), retain_versions=1)
+    assert [h["version"] for h in t.history()][:-1] == old_versions
+    assert t.optimize(vacuum_after=True, older_than=datetime.timedelta(0), retain_versions=1) is None
+    assert [h["version"] for h in t.history()] == [t.version]
