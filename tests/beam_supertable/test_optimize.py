@@ -515,3 +515,36 @@ def test_vacuum_after_runs_when_there_is_nothing_to_optimize_but_not_on_a_dry_ru
     assert [h["version"] for h in t.history()][:-1] == old_versions
     assert t.optimize(vacuum_after=True, older_than=datetime.timedelta(0), retain_versions=1) is None
     assert [h["version"] for h in t.history()] == [t.version]
+
+
+_KEYED_OPS = st.lists(st.one_of(
+    st.tuples(st.just("upsert"), st.lists(st.integers(0, 30), min_size=1, max_size=12, unique=True)),
+    st.tuples(st.just("delete"), st.lists(st.integers(0, 30), min_size=1, max_size=8, unique=True)),
+    st.tuples(st.just("optimize"), st.sampled_from([1_500, 1 << 26])),
+), min_size=1, max_size=10)
+
+
+@settings(max_examples=15, deadline=None)
+@given(ops=_KEYED_OPS)
+def test_keyed_upserts_deletes_and_optimizes_read_like_a_dict(ops):
+    import uuid
+    schema = pa.schema([("id", pa.int64()), ("label", pa.string())])
+    t = Supertable.create(f"memory://opt-keyed/{uuid.uuid4().hex}", schema, primary_key="id")
+    model, ids = {}, {}
+    for step, (op, arg) in enumerate(ops):
+        if op == "upsert":
+            t.upsert(pa.table({"id": pa.array(arg, pa.int64()), "label": [f"s{step}"] * len(arg)}))
+            model.update({k: f"s{step}" for k in arg})
+        elif op == "delete":
+            t.delete(pc.field("id").isin(arg))
+            for k in arg:
+                model.pop(k, None)
+        else:
+            t.optimize(target_file_bytes=arg)
+        rows = t.to_arrow().to_pylist()
+        assert {r["id"]: r["label"] for r in rows} == model and len(rows) == len(model)
+        now = {r["id"]: r["_id"] for r in rows}
+        if op == "optimize":
+            assert now == ids              # an optimize keeps every row's _id
+        ids = now
+        assert t.count_rows() == len(model)
