@@ -8,6 +8,7 @@ from beam_supertable.errors import (
     VersionNotFoundError)
 from beam_supertable.inspection import inspect_table
 from beam_supertable.manifest import CommitRequest, Manifest, Snapshot, VacuumPlan, VacuumReport
+from beam_supertable.optimize import OptimizeGroup, OptimizePlan
 from beam_supertable.store import ObjectInfo, ObjectStore
 from beam_supertable.table import Supertable
 
@@ -17,7 +18,7 @@ __all__ = [
     "WriteToSupertable",
     "AlreadyExists", "CommitConflictError", "CommitFailedError", "CommitRequest",
     "CorruptManifestError", "DuplicateKeyError", "FrontierError",
-    "Manifest", "MemoryBudgetError", "NotATableError", "ObjectInfo", "ObjectStore", "SchemaMismatchError",
+    "Manifest", "MemoryBudgetError", "NotATableError", "OptimizeGroup", "OptimizePlan", "ObjectInfo", "ObjectStore", "SchemaMismatchError",
     "Snapshot", "StoreIOError", "Supertable", "SupertableError", "TableExistsError",
     "TokenReuseError", "UnsafeBackendError",
     "VacuumPlan", "VacuumReport", "VersionNotFoundError", "inspect_table",

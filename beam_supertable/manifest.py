@@ -262,6 +262,10 @@ class CommitRequest:
         deleted_rows: rows the new deletion vectors remove (kept in the totals).
         expected_deletes: per superfile gaining a deletion vector, how many it
             had when the writer read it; a concurrent delete is a conflict.
+        remove_entries: ids of superfiles the new version no longer holds (a
+            rewrite such as ``optimize``); they and their deletion vectors
+            leave the version. One that is not in the base is a conflict.
+            ``deleted_rows`` should then subtract the deleted rows they held.
     """
 
     operation: str = "append"
@@ -278,6 +282,7 @@ class CommitRequest:
     expected_deletes: Dict[str, int] = dataclasses.field(default_factory=dict)
     reset: bool = False   # the new version starts empty: ``schema`` and ``set_properties`` only
     fingerprint_extra: str = ""   # what else names this commit for its token (a delete's filter)
+    remove_entries: Tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for entry in self.add_entries:
@@ -567,6 +572,12 @@ class Manifest:
             deletes.setdefault(sf, []).append(path)
         parts = list(base.parts)
         rows = sum(e["rows"] for e in req.add_entries)
+        removed = 0
+        if req.remove_entries:
+            parts, removed_rows, removed = self._remove(base, parts, req.remove_entries)
+            rows -= removed_rows
+            for sf in req.remove_entries:
+                deletes.pop(sf, None)
         if own_part is not None:
             parts.append(own_part)
             parts = self._merge_parts(parts)
@@ -578,7 +589,7 @@ class Manifest:
                 f"not in version {base.version} (removed by a concurrent commit?)")
         totals = {
             "rows": base.totals.get("rows", 0) + rows,
-            "superfiles": base.totals.get("superfiles", 0) + len(req.add_entries),
+            "superfiles": base.totals.get("superfiles", 0) + len(req.add_entries) - removed,
             "deleted": base.totals.get("deleted", 0) + req.deleted_rows,
         }
         recent = list(base.recent_tokens)
@@ -586,6 +597,37 @@ class Manifest:
             recent = (recent + [req.token])[-RECENT_TOKENS:]
         return self._document(base.version + 1, schema, properties, parts, deletes, totals,
                               req.operation, req.token, req.metadata, recent)
+
+    def _remove(self, base: Snapshot, parts: List[PartRef], ids_: Sequence[str]
+                ) -> Tuple[List[PartRef], int, int]:
+        """``parts`` without the entries ``ids_``: the parts holding them are
+        replaced, in place, by one part of what they keep (written at the
+        level of the first). Returns (parts, rows removed, entries removed)."""
+        remove = set(ids_)
+        out: List[PartRef] = []
+        kept: List[dict] = []
+        found: set = set()
+        rows = 0
+        at, level = None, 0
+        for part in parts:
+            entries = self.read_part(part.path)
+            hit = [e for e in entries if e["id"] in remove]
+            if not hit:
+                out.append(part)
+                continue
+            if at is None:
+                at, level = len(out), part.level
+            found.update(e["id"] for e in hit)
+            rows += sum(e["rows"] for e in hit)
+            kept.extend(e for e in entries if e["id"] not in remove)
+        missing = sorted(remove - found)
+        if missing:
+            raise CommitConflictError(
+                f"{self.store.uri}: this commit rewrites superfiles {missing[:5]} that are not "
+                f"in version {base.version} (removed by a concurrent rewrite?)")
+        if kept:
+            out.insert(at, self._write_part(kept, level))
+        return out, rows, len(found)
 
     def _superfile_ids(self, parts: Sequence[PartRef]) -> set:
         # One pass over the parts, not one per deletion vector: an upsert may

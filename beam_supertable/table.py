@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
-from typing import Any, Callable, Dict, Iterable, List, Literal, Optional, Sequence, Tuple, Union
+from typing import (
+    TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Literal, Optional, Sequence, Tuple,
+    Union)
 
 import numpy as np
 import pyarrow as pa
@@ -30,9 +32,12 @@ from beam_supertable.superfile import VectorSpec, vectors_of
 from beam_supertable.vector import calibrate
 from beam_supertable.vector import grid as grid_mod
 from beam_supertable.vector import search as vector_search
-from beam_supertable.vector.metric import check_metric, nearest, prepare
+from beam_supertable.vector.metric import check_metric, prepare
 from beam_supertable.writer import (
     TARGET_SUPERFILE_BYTES, GridAgreement, Layout, write_superfiles)
+
+if TYPE_CHECKING:
+    from beam_supertable.optimize import OptimizePlan
 
 __all__ = ["CREATE_MODES", "CreateMode", "Metric", "Supertable"]
 
@@ -74,7 +79,8 @@ class Supertable:
         self._manifest = snapshot.manifest
         self._snapshot = snapshot
         self._cache = ByteCache(cache_bytes)
-        self._grid: Optional[tuple] = None   # (path, centroids) of the grid last read
+        self._grid: Optional[tuple] = None   # (sha256, centroids) of the grid last read
+        self._lineage: Dict[tuple, Optional[np.ndarray]] = {}
         self._law_cache: tuple = (None, None)
         self._entry_cells: Dict[str, frozenset] = {}
         self._written: Optional[tuple] = None   # (entry ids, rows) of the commit under way
@@ -303,9 +309,9 @@ class Supertable:
         ref = self._snapshot.properties.get("grid")
         if ref is None:
             return None
-        if self._grid is None or self._grid[0] != ref["path"]:
-            # Keyed by path: a refreshed handle may stand on another grid.
-            self._grid = (ref["path"], grid_mod.from_bytes(self._store.get(ref["path"])))
+        if self._grid is None or self._grid[0] != ref["sha256"]:
+            # Keyed by the grid's hash: optimize may split cells (a new grid).
+            self._grid = (ref["sha256"], grid_mod.from_bytes(self._store.get(ref["path"])))
         return self._grid[1]
 
     def train_grid(self, vectors: np.ndarray, rows: Optional[int] = None) -> tuple:
@@ -564,7 +570,7 @@ class Supertable:
             return request
 
         def centroids() -> np.ndarray:
-            if self._grid is not None and self._grid[0] == grid["path"]:
+            if self._grid is not None and self._grid[0] == grid["sha256"]:
                 return self._grid[1]
             return grid_mod.from_bytes(self._store.get(grid["path"]))
 
@@ -612,6 +618,54 @@ class Supertable:
         """
         return self._manifest.vacuum(retain_versions=retain_versions, older_than=older_than,
                                      dry_run=dry_run)
+
+    def optimize(self, *, target_file_bytes: int = 64 * 2**20, max_cell_rows: Optional[int] = None,
+                 max_rewrite_bytes: Optional[int] = None, dry_run: bool = False,
+                 vacuum_after: bool = False, older_than: Optional[datetime.timedelta] = None,
+                 retain_versions: int = 10, progress: Optional[Callable[[int, int], None]] = None,
+                 token: Optional[str] = None) -> Union[int, None, "OptimizePlan"]:
+        """Compacts superfiles by cell, drops deleted rows and splits big cells, in one commit.
+
+        Small superfiles and superfiles with deleted rows are rewritten,
+        their live rows grouped by cell into superfiles of about
+        ``target_file_bytes``; cells holding more than ``max_cell_rows`` live
+        rows are split by k-means into sub-cells (the grid grows; superfiles
+        of the older grid stay readable and searchable). Every row keeps its
+        ``_id`` and values, and every read gives the same rows before and
+        after. See :mod:`beam_supertable.optimize`.
+
+        Appends that land meanwhile never conflict; deletes and upserts that
+        land on a superfile being rewritten are carried over to its new
+        superfiles by ``_id``.
+
+        Args:
+            target_file_bytes: the size rewritten superfiles aim at (64 MiB).
+            max_cell_rows: split cells with more live rows; default
+                ``max(256, 2·sqrt(live rows))`` (``optimize.default_max_cell_rows``).
+            max_rewrite_bytes: rewrite at most about this many bytes of
+                superfiles in this call (a huge table is optimized over
+                several calls); at least one unit of work is done.
+            dry_run: write nothing; return the ``OptimizePlan``.
+            vacuum_after: after a successful optimize (one with nothing to do
+                included; not a dry run), ``vacuum(retain_versions=...,
+                older_than=...)`` (``older_than=None``: the default grace, 6 h).
+            retain_versions: for ``vacuum_after``.
+            progress: called with ``(groups done, groups)`` as groups are rewritten.
+            token: idempotency token (default: one derived from the plan).
+
+        Returns:
+            The new version; None when there was nothing to do (nothing is
+            written); the plan with ``dry_run``.
+        """
+        from beam_supertable import optimize as opt
+        result = opt.optimize(self, target_file_bytes=target_file_bytes,
+                              max_cell_rows=max_cell_rows, max_rewrite_bytes=max_rewrite_bytes,
+                              dry_run=dry_run, progress=progress, token=token)
+        if vacuum_after and not dry_run:
+            # Also when there was nothing to optimize: the call succeeded, and
+            # what earlier versions left behind is still reclaimed on schedule.
+            self.vacuum(retain_versions=retain_versions, older_than=older_than)
+        return result
 
     # -- reading ---------------------------------------------------------
     def superfiles(self) -> List[dict]:
@@ -788,19 +842,28 @@ class Supertable:
         todo = np.arange(len(q))
         if len(self._entry_cells) > 2 * self._snapshot.totals.get("superfiles", 0) + 1024:
             self._entry_cells.clear()   # (superfiles of older versions)
+        by_grid = self._by_grid(entries)
         # Bounds need every row assigned to its nearest centre of this grid.
         bounded = all(e.get("grid") == sha for e in entries if e.get("cells"))
         while len(todo):
             probes = vector_search.rank_cells(q[todo], centroids, metric, probe,
                                               bounded and calibrate.adaptive(law, sha, probe))
-            wanted = set(np.unique(probes.cells).tolist())
-            live = [si for si, e in enumerate(entries) if not wanted.isdisjoint(self._cells_of(e))]
-            indexes = [self._reader(entries[si]).vector_index() for si in live]
-            sub_allowed = None if allowed is None else (lambda i, rows: allowed(live[i], rows))
-            dist, sfs, rows = vector_search.vector_search(
-                indexes, q[todo], probes, metric, depth, sub_allowed)
+            parts = []
+            for up, members in by_grid:
+                # Superfiles of an older grid: probe the cells the probed
+                # (newer, split) cells descend from.
+                sub = probes if up is None else _unique_rows(
+                    np.where(probes.cells >= 0, up[np.maximum(probes.cells, 0)], -1))
+                wanted = set(np.unique(probes.cells if up is None else sub).tolist())
+                live = [si for si in members if not wanted.isdisjoint(self._cells_of(entries[si]))]
+                indexes = [self._reader(entries[si]).vector_index() for si in live]
+                sub_allowed = None if allowed is None else \
+                    (lambda i, rows, live=live: allowed(live[i], rows))
+                dist, sfs, rows = vector_search.vector_search(
+                    indexes, q[todo], sub, metric, depth, sub_allowed)
+                parts.append((dist, np.asarray(live or [0])[np.maximum(sfs, 0)], rows))
+            dist, sfs, rows = parts[0] if len(parts) == 1 else _best_of(parts, depth)
             found = (rows >= 0).sum(axis=1).tolist()
-            sfs = np.asarray(live or [0])[np.maximum(sfs, 0)]
             for qi, n, d, si, row in zip(todo.tolist(), found, dist.tolist(), sfs.tolist(),
                                          rows.tolist()):
                 out[qi] = list(zip(d[:n], si[:n], row[:n]))
@@ -824,6 +887,24 @@ class Supertable:
         if self._law_cache[0] is not doc:
             self._law_cache = (doc, calibrate.ProbeLaw.from_json(doc))
         return self._law_cache[1]
+
+    def _by_grid(self, entries) -> List[tuple]:
+        """Entries grouped by the grid version they were written against:
+        ``[(ancestor map or None for the current grid, [entry index, ...])]``."""
+        stamp = self._snapshot.properties["grid"]
+        if not stamp.get("lineage"):
+            return [(None, list(range(len(entries))))]
+        sizes = grid_mod.lineage(stamp)
+        groups: Dict[int, List[int]] = {}
+        for si, e in enumerate(entries):
+            groups.setdefault(sizes.get(e.get("grid"), stamp["n_cells"]), []).append(si)
+        out = []
+        for n, members in sorted(groups.items(), reverse=True):
+            key = (stamp["sha256"], n)
+            if key not in self._lineage:
+                self._lineage[key] = None if n == stamp["n_cells"] else grid_mod.ancestors(stamp, n)
+            out.append((self._lineage[key], members))
+        return out
 
     def _materialize(self, results, names, single, with_vec, with_text) -> pa.Table:
         """One table of hits: each superfile read once for all queries' rows."""
@@ -861,3 +942,23 @@ class Supertable:
         if not single:
             table = table.append_column("_query", pa.array([f[0] for f in flat], pa.int32()))
         return table
+
+
+def _best_of(parts: Sequence[Tuple[np.ndarray, np.ndarray, np.ndarray]], depth: int
+             ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ``depth`` nearest of several ``(dist, superfile, row)`` results per query
+    (one per grid version), nearest first; a missing hit has row -1."""
+    dist, sfs, rows = (np.concatenate([p[i] for p in parts], axis=1) for i in range(3))
+    key = np.where(rows >= 0, dist, np.inf)
+    order = np.argsort(key, axis=1, kind="stable")[:, :depth]
+    return (np.take_along_axis(dist, order, axis=1), np.take_along_axis(sfs, order, axis=1),
+            np.take_along_axis(rows, order, axis=1))
+
+
+def _unique_rows(probes: np.ndarray) -> np.ndarray:
+    """``probes`` with a cell repeated in a row replaced by -1 (probes nothing)."""
+    order = np.sort(probes, axis=1)
+    dup = np.zeros(order.shape, dtype=bool)
+    dup[:, 1:] = order[:, 1:] == order[:, :-1]
+    order[dup] = -1
+    return order

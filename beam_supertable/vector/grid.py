@@ -104,6 +104,34 @@ def from_bytes(data: bytes) -> np.ndarray:
     return np.load(io.BytesIO(data), allow_pickle=False)
 
 
+def ancestors(stamp: dict, n_cells: int) -> np.ndarray:
+    """For each cell of the grid ``stamp``, the cell it descends from in the
+    older grid of that lineage with ``n_cells`` cells.
+
+    A split keeps the parent's id for its first sub-cell and appends the
+    others; ``stamp["parents"][i]`` is the parent of cell ``base_cells + i``
+    (``base_cells``: the first grid's size). So ids never change meaning
+    across grid versions except by splitting, and a cell of an older grid is
+    the union of its descendants in a newer one.
+    """
+    n = int(stamp["n_cells"])
+    out = np.arange(n, dtype=np.int64)
+    base = int(stamp.get("base_cells", n))
+    parents = np.asarray(stamp.get("parents", ()), dtype=np.int64)
+    while True:
+        newer = out >= n_cells
+        if not newer.any():
+            return out
+        out[newer] = parents[out[newer] - base]
+
+
+def lineage(stamp: dict) -> dict:
+    """``{grid sha256: n_cells}`` of the grid ``stamp`` and every grid it grew from."""
+    out = {g["sha256"]: int(g["n_cells"]) for g in stamp.get("lineage", ())}
+    out[stamp["sha256"]] = int(stamp["n_cells"])
+    return out
+
+
 def grid_path() -> str:
     return f"{GRID_PREFIX}/{uuid.uuid4().hex}.npy"
 
