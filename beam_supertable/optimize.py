@@ -426,7 +426,7 @@ def _cell_vectors(table: "Supertable", cell: int, holders: Sequence[dict], cell_
         for c, start, count in cell_dirs[e["id"]]:
             if c != cell:
                 continue
-            x = _reader(table, e).vector_index().decoded(start, start + count)
+            x = _reader(table, e).vector_index().vectors(start, start + count)
             gone = deleted.get(e["id"])
             if gone is not None and len(gone):
                 x = x[~np.isin(np.arange(start, start + count), gone)]

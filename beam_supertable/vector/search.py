@@ -307,6 +307,12 @@ class VectorIndex:
         """A run's scoring columns as rows, ``[n, dim + 1]`` (the 1-bit shortlist path)."""
         return self.scoring_rows(start, stop)[0].T
 
+    def vectors(self, start: int, stop: int) -> np.ndarray:
+        """Entries ``[start, stop)`` as (prepared) vectors, ``[n, dim]``: the
+        exact rows when the run is loaded, else its decoded SQ8 codes."""
+        cols = self.scoring_rows(start, stop)[0][:-1].T
+        return cols * np.float32(-0.5 if self.metric == "l2" else -1.0)
+
     def exact_rows(self, rows: np.ndarray, metric: str) -> np.ndarray:
         """The fp32 vectors of ``rows`` (prepared for the metric), loading their runs.
 
