@@ -56,16 +56,14 @@ from apache_beam.transforms.userstate import (
 from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 
-from beam_supertable.errors import (
-    CommitConflictError, CommitFailedError, SchemaMismatchError, TableExistsError)
+from beam_supertable.errors import SchemaMismatchError, TableExistsError
 from beam_supertable.keys import KeyBatch, check_primary_key
 from beam_supertable.lookup import KeyLookup
-from beam_supertable.manifest import CommitRequest
 from beam_supertable.mutation import Mutation
 from beam_supertable.schema import ID, conform, vector_dim
 from beam_supertable.superfile import vectors_of
 from beam_supertable.table import Supertable
-from beam_supertable.transforms import CommitResult
+from beam_supertable.write import CommitResult
 from beam_supertable.vector import grid as grid_mod
 from beam_supertable.vector.metric import check_metric
 from beam_supertable.writer import TARGET_SUPERFILE_BYTES, build_and_upload
@@ -646,25 +644,6 @@ class _Build(beam.DoFn):
         yield entry
 
 
-def _recell(table: Supertable, entries: List[dict]) -> List[dict]:
-    """Entries rebuilt (same rows, same ``_id`` s) against the table's grid."""
-    vp = table.properties["vector"]
-    target = table.properties["grid"]
-    centroids = table.grid()
-    out = []
-    for e in entries:
-        if e.get("grid") == target["sha256"]:
-            out.append(e)
-            continue
-        rows = table.read_superfile(e, table.schema.names)
-        user = rows.drop_columns([ID])
-        cells, replicas = grid_mod.assign(vectors_of(user, vp["column"], vp["dim"]), centroids,
-                                          vp["metric"], vp.get("replica_factor", 0.0))
-        out.append(build_and_upload(table.store, user, table.layout(), cells, replicas,
-                                    target["sha256"], ids=rows.column(ID).to_numpy()))
-    return out
-
-
 def _commit(settings: _Settings, *, entries: List[dict], keys: Optional[pa.Table],
             frontier: int, token: str, base_version: int,
             stamp: Optional[dict]) -> Optional[CommitResult]:
@@ -679,28 +658,11 @@ def _commit(settings: _Settings, *, entries: List[dict], keys: Optional[pa.Table
     entries = sorted(entries, key=lambda e: e["id"])
     metadata = {"job": settings.job_id or token.rsplit("/", 1)[0]}
     before = table.version
-    for attempt in range(3):
-        if stamp is not None and table.properties.get("grid") is not None:
-            if table.properties["grid"]["sha256"] != stamp["sha256"]:
-                # Another writer stamped its grid first: re-cell against it.
-                entries = sorted(_recell(table, entries), key=lambda e: e["id"])
-            stamp = None
-        props = {"grid": stamp} if stamp else {}
-        mutation = Mutation(table, "upsert", keys=batch, frontier=frontier, token=token,
-                            metadata=metadata, base_version=base_version)
-        request = CommitRequest(operation="upsert", add_entries=tuple(entries),
-                                set_properties=props, token=token, base_version=base_version,
-                                metadata=metadata)
-        try:
-            version = table.commit(request, rebuild=functools.partial(
-                mutation.request, entries=tuple(entries), stamp=props))
-            break
-        except CommitFailedError:
-            raise
-        except CommitConflictError:
-            if not stamp or attempt == 2:
-                raise
-            table.refresh()
+    mutation = Mutation(table, "upsert", keys=batch, frontier=frontier, token=token,
+                        metadata=metadata, base_version=base_version)
+    # The table's one write path: a grid another writer stamped first gets
+    # these superfiles rebuilt on it (same _ids), inside the commit loop.
+    version = table.commit_superfiles(entries, mutation, grids=[stamp] if stamp else ())
     deduplicated = table.snapshot.deduplicated
     if version == before and not deduplicated:
         return None
