@@ -124,9 +124,24 @@ class _TableRef:
 
     def open(self) -> Supertable:
         if self.create is None:
-            return Supertable.open(self.uri, storage_options=self.storage_options)
-        return Supertable.create(self.uri, storage_options=self.storage_options,
-                                 mode="exist_ok", **self.create)
+            table = Supertable.open(self.uri, storage_options=self.storage_options)
+        else:
+            table = Supertable.create(self.uri, storage_options=self.storage_options,
+                                      mode="exist_ok", **self.create)
+        _refuse_keyed(table)
+        return table
+
+
+def _refuse_keyed(table: Supertable) -> None:
+    """The sink appends without key checks: on a keyed table that could make
+    two live rows of one key, so it is refused (``UpsertToSupertable`` writes
+    keyed tables)."""
+    if table.primary_key:
+        raise SchemaMismatchError(
+            f"WriteToSupertable: the table at {table.uri!r} is keyed (primary key "
+            f"{table.primary_key}); the sink appends without key checks, which could leave "
+            f"two live rows of one key. Write keyed tables with UpsertToSupertable, or "
+            f"Supertable.upsert/append")
 
 
 def _fail_first_attempt(stage: str, key: str) -> None:
@@ -154,6 +169,7 @@ def _check_existing(table: Supertable, schema: Optional[pa.Schema],
                     given: Dict[str, Any]) -> None:
     """Settings given to ``WriteToSupertable`` must match the existing ``table``'s."""
     uri = table.uri
+    _refuse_keyed(table)
     if schema is not None and not schema.equals(table.user_schema):
         raise SchemaMismatchError(
             f"WriteToSupertable: schema does not match the table at {uri!r}.\n"

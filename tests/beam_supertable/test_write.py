@@ -98,3 +98,19 @@ def test_two_processes_create_the_same_missing_table_at_once(tmp_path):
     assert [h["operation"] for h in history] == ["create", "write", "write"]
     assert sorted(t.to_arrow(columns=["n"])["n"].to_pylist()) == list(range(4000))
     assert len({e["grid"] for e in t.superfiles()}) == 1   # one grid, whoever stamped it
+
+
+def test_a_keyed_table_is_refused_at_construction_and_when_it_becomes_keyed_later(tmp_path):
+    keyed = str(tmp_path / "keyed")
+    Supertable.create(keyed, PLAIN, primary_key="n")
+    with pytest.raises(SchemaMismatchError, match="keyed.*UpsertToSupertable"):
+        WriteToSupertable(keyed)
+    # Missing while the pipeline is built, keyed by the time it runs.
+    later = str(tmp_path / "later")
+    write = WriteToSupertable(later, schema=PLAIN)
+    p = TestPipeline()
+    _ = p | beam.Create([{"n": 1, "body": "a"}, {"n": 1, "body": "b"}]) | write
+    Supertable.create(later, PLAIN, primary_key="n")
+    with pytest.raises(Exception, match="keyed"):
+        p.run().wait_until_finish()
+    assert Supertable.open(later).count_rows() == 0
