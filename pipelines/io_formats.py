@@ -30,7 +30,7 @@ def is_parquet(path: str) -> bool:
     return path.endswith((".parquet", ".pq"))
 
 
-def _time(raw: Any) -> Timestamp:
+def parse_time(raw: Any) -> Timestamp:
     if isinstance(raw, bool) or raw is None:
         raise ValueError(f"time must be seconds or an ISO-8601 string, got {raw!r}")
     if isinstance(raw, (int, float)):
@@ -41,7 +41,7 @@ def _time(raw: Any) -> Timestamp:
     return Timestamp.from_rfc3339(str(raw))
 
 
-def _key(raw: Any) -> Any:
+def parse_key(raw: Any) -> Any:
     # JSON has no tuples; a composite key arrives as a list.
     return tuple(raw) if isinstance(raw, list) else raw
 
@@ -71,7 +71,7 @@ class ParseCommand(beam.DoFn):
             else:
                 value = _value(row.get("value"))
             yield TimestampedValue(
-                UpsertCommand(_key(row["key"]), value, row["offset"]), _time(row["time"]))
+                UpsertCommand(parse_key(row["key"]), value, row["offset"]), parse_time(row["time"]))
         except ValueError as exc:
             Metrics.counter(JOB_NAMESPACE, "unparseable").inc()
             yield pvalue.TaggedOutput(BAD_TAG, Invalid(element, f"unparseable command: {exc}"))
@@ -83,7 +83,7 @@ class ParseSnapshot(beam.DoFn):
             row = json.loads(element) if isinstance(element, (str, bytes)) else element
             if not isinstance(row, dict) or "key" not in row:
                 raise ValueError("expected an object with a key field")
-            yield _key(row["key"]), _value(row.get("value"))
+            yield parse_key(row["key"]), _value(row.get("value"))
         except ValueError as exc:
             Metrics.counter(JOB_NAMESPACE, "unparseable").inc()
             yield pvalue.TaggedOutput(BAD_TAG, Invalid(element, f"unparseable snapshot row: {exc}"))

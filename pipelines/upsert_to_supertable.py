@@ -20,7 +20,6 @@ no arguments it applies the sample ``examples/commands.jsonl`` to the table
 
 from __future__ import annotations
 
-import datetime
 import json
 import logging
 import os
@@ -32,7 +31,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.transforms.window import TimestampedValue
-from apache_beam.utils.timestamp import Timestamp
 
 from beam_supertable import Supertable, UpsertToSupertable
 from beam_supertable.upsert_write import NAMESPACE as TABLE_NAMESPACE
@@ -40,7 +38,7 @@ from beam_upsert import UpsertCommand
 from beam_upsert.metrics import NAMESPACE as UPSERT_NAMESPACE
 from pipelines.file_rows import (
     BAD_TAG, INFER_SAMPLE_ROWS, dead_letter, first_file, format_of, parse_schema)
-from pipelines.io_formats import JOB_NAMESPACE, to_json
+from pipelines.io_formats import JOB_NAMESPACE, parse_key, parse_time, to_json
 from pipelines.options import add_job_argument, counter_totals, job_options
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
@@ -104,21 +102,6 @@ def dead_letters_path(job: UpsertToSupertableOptions) -> str:
     return os.path.join("out", "upsert_to_supertable.invalid.jsonl")
 
 
-def _time(raw: Any) -> Timestamp:
-    if isinstance(raw, bool) or raw is None:
-        raise ValueError(f"time must be seconds or an ISO-8601 string, got {raw!r}")
-    if isinstance(raw, (int, float)):
-        return Timestamp.of(raw)
-    if isinstance(raw, datetime.datetime):
-        return Timestamp.from_utc_datetime(
-            raw if raw.tzinfo else raw.replace(tzinfo=datetime.timezone.utc))
-    return Timestamp.from_rfc3339(str(raw))
-
-
-def _key(raw: Any) -> Any:
-    return tuple(raw) if isinstance(raw, list) else raw   # JSON has no tuples
-
-
 def with_key(value: dict, key: Any, names: List[str]) -> dict:
     """The row with its key column(s) filled from the command's key where absent."""
     parts = key if len(names) > 1 and isinstance(key, tuple) else (key,)
@@ -144,10 +127,11 @@ class ParseTableCommand(beam.DoFn):
                 raise ValueError(f"missing field(s) {missing}")
             if row.get("error") is not None:
                 raise ValueError(f"it carries an error instead of a value: {row['error']}")
-            key, value = _key(row["key"]), row.get("value")
+            key, value = parse_key(row["key"]), row.get("value")
             if isinstance(value, dict):
                 value = with_key(value, key, self._names)
-            yield TimestampedValue(UpsertCommand(key, value, row["offset"]), _time(row["time"]))
+            yield TimestampedValue(UpsertCommand(key, value, row["offset"]),
+                                   parse_time(row["time"]))
         except ValueError as exc:
             yield dead_letter(element, f"unusable command: {exc}")
 
@@ -182,7 +166,7 @@ def infer_schema(pattern: str, primary_key: List[str],
                     continue   # a dead letter when the job reads it
                 if len(rows) >= INFER_SAMPLE_ROWS:
                     break
-    values = [with_key(r["value"], _key(r.get("key")), primary_key) for r in rows
+    values = [with_key(r["value"], parse_key(r.get("key")), primary_key) for r in rows
               if isinstance(r, dict) and isinstance(r.get("value"), dict) and "key" in r]
     if not values:
         raise ValueError(f"{path}: no command with a value to infer the table's columns "

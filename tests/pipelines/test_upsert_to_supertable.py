@@ -12,7 +12,7 @@ import pytest
 from beam_supertable import Supertable
 from beam_upsert.model import KeyState, apply_times
 from pipelines import flink, upsert_to_supertable
-from pipelines.upsert_to_supertable import _time
+from pipelines.io_formats import parse_time
 
 SUMMARY = re.compile(
     r"^upsert_to_supertable: inserts=(\d+) updates=(\d+) deletes=(\d+) dropped=(\d+) "
@@ -35,7 +35,7 @@ def reference(path, names=("key",)):
             value = c.get("value")
             if value is not None:
                 value = upsert_to_supertable.with_key(value, key, list(names))
-            micros = _time(c["time"]).micros
+            micros = parse_time(c["time"]).micros
             greatest = micros if greatest is None else max(greatest, micros)
             by_key.setdefault(key, []).append((micros, c["offset"], value))
     final = {k: apply_times(KeyState(), cmds, key=k).state.value for k, cmds in by_key.items()}
