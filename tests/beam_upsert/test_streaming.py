@@ -11,7 +11,7 @@ from apache_beam.transforms.window import TimestampedValue
 
 from beam_upsert import Upsert
 from beam_upsert.prepare import INVALID_TAG, PrepareCommands, PreparePrior
-from beam_upsert.stateful import COUNTS_TAG, StatefulUpsertFn
+from beam_upsert.stateful import COUNTS_TAG, ShardKeys, StatefulUpsertFn
 from tests.beam_upsert.helpers import _WithTime, counters
 
 
@@ -120,8 +120,9 @@ def test_a_deleted_key_keeps_nothing_so_a_late_command_is_fresh():
 def _state_sizes(events, prior, expected):
     """Runs the stateful flavor's DoFn and asserts what each firing read and kept.
 
-    Each firing reports (entries read from the key's stash, entries written
-    back), so the stash is measured by reading it, in a real pipeline.
+    Each firing reports, for each key it applied, (entries of the key read
+    from the shard's stash, entries of the key written back), so the stash
+    is measured by reading it, in a real pipeline.
     """
     p = _streaming_pipeline()
     commands = (p | _stream(events)
@@ -131,9 +132,10 @@ def _state_sizes(events, prior, expected):
                     INVALID_TAG, main="ok"))
     merged = ((commands.ok, snapshot.ok) | beam.Flatten()
               .with_output_types(Tuple[bytes, Any]))
-    applied = merged | beam.ParDo(StatefulUpsertFn()).with_outputs(
-        INVALID_TAG, COUNTS_TAG, main="changes")
-    assert_that(applied[COUNTS_TAG] | beam.Map(lambda counts: tuple(counts[5:])),
+    applied = (merged | beam.ParDo(ShardKeys()).with_output_types(Tuple[int, Any])
+               | beam.ParDo(StatefulUpsertFn()).with_outputs(
+                   INVALID_TAG, COUNTS_TAG, main="changes"))
+    assert_that(applied[COUNTS_TAG] | beam.FlatMap(lambda counts: counts[5]),
                 equal_to(expected))
     p.run().wait_until_finish()
 
