@@ -43,10 +43,13 @@ from beam_upsert.prepare import CMD, INVALID_TAG, PRIOR, decode_key
 
 COUNTS_TAG = "counts"
 # A firing rewrites its shard's stash as one entry:
-#   (BLOCK, {key: (value, through, max_offset)}, {key: [prior values]},
-#    [(time, offset, value, key) pending commands])
+#   (BLOCK, values {key: enc (value, through, max_offset)},
+#    priors {key: enc [snapshot values]}, pending {time: [enc [(offset, value,
+#    key)], ...]}, counts {time: pending commands})
 # with keys as their encoded bytes (equal keys of different types, 1 and 1.0,
-# must stay apart, as they do when they are state keys of their own).
+# must stay apart, as they do when they are state keys of their own). Its
+# parts stay encoded ("enc"), so a firing decodes only the keys and times it
+# applies, not the whole shard.
 BLOCK = "b"
 # Stash entries are stored encoded: the SDK's state cache measures the size
 # of what it holds by walking every object, which for a decoded shard block
@@ -120,68 +123,76 @@ class StatefulUpsertFn(beam.DoFn):
         now = fired_at.micros
         # A timer set again after this firing in the same bundle must be set anew.
         self._set.discard((shard, now))
-        values, priors, pending, due = {}, {}, [], {}
+        values, priors, pending, counts = {}, {}, {}, {}
+        due, fresh, fresh_priors = {}, {}, {}
         for raw in stash.read():
             entry = _decode(raw)
             kind = entry[0]
             if kind == CMD:
-                command = entry[1:]
-                if command[0] <= now:
-                    due.setdefault(command[3], []).append(command[:3])
+                time = entry[1]
+                if time <= now:
+                    due.setdefault(entry[4], []).append((time, entry[2], entry[3]))
                 else:
-                    pending.append(command)
+                    fresh.setdefault(time, []).append((entry[2], entry[3], entry[4]))
             elif kind == PRIOR:
-                priors.setdefault(entry[2], []).append(entry[1])
+                fresh_priors.setdefault(entry[2], []).append(entry[1])
             else:
-                values.update(entry[1])
-                for key, found in entry[2].items():
-                    priors.setdefault(key, []).extend(found)
-                for command in entry[3]:
-                    if command[0] <= now:
-                        due.setdefault(command[3], []).append(command[:3])
-                    else:
-                        pending.append(command)
-        if not due:
+                _, values, priors, pending, counts = entry
+        due_times = [time for time in pending if time <= now]
+        if not due and not due_times:
             return  # an earlier firing of this shard already applied these times
-        pending_of = {}
-        for command in pending:
-            key = command[3]
-            pending_of[key] = pending_of.get(key, 0) + 1
+        held = (len(values) + len(priors) + sum(counts.values())
+                + sum(map(len, due.values())) + sum(map(len, fresh.values()))
+                + sum(map(len, fresh_priors.values())))
+        for time in due_times:
+            del counts[time]
+            for chunk in pending.pop(time):
+                for offset, value, key in _decode(chunk):
+                    due.setdefault(key, []).append((time, offset, value))
+        for key, found in fresh_priors.items():
+            if key in due or key not in priors:
+                continue
+            # A key the snapshot named before and names again, untouched so far.
+            fresh_priors[key] = _decode(priors.pop(key)) + found
         tally = [0, 0, 0]
         late = stale = 0
-        sizes = []
         for encoded, commands in due.items():
             key = decode_key(encoded)
             stored = values.pop(encoded, None)
-            found = priors.pop(encoded, ())
-            n_pending = pending_of.get(encoded, 0)
-            read = len(commands) + n_pending + len(found) + (stored is not None)
+            found = fresh_priors.pop(encoded, [])
+            if encoded in priors:
+                found = _decode(priors.pop(encoded)) + found
             if stored is None:
-                prior, conflicts = resolve_prior(key, list(found))
+                prior, conflicts = resolve_prior(key, found)
                 for invalid in conflicts:
                     yield pvalue.TaggedOutput(INVALID_TAG, invalid)
                 state = KeyState(prior)
             else:
-                state = KeyState(*stored)
+                state = KeyState(*_decode(stored))
             applied = apply_times(state, commands, key=key, late_ok=True)
             state = applied.state
             if state.value is not None:
-                values[encoded] = tuple(state)
+                values[encoded] = _encode(tuple(state))
             late += applied.late_applied
             stale += applied.stale_dropped
-            sizes.append((read, n_pending + (state.value is not None)))
             for _, offset, value, reason in applied.invalid:
                 yield pvalue.TaggedOutput(
                     INVALID_TAG, Invalid(UpsertCommand(key, value, offset), reason))
             yield from self._emitter.emit(key, applied.steps, tally)
+        for key, found in fresh_priors.items():
+            priors[key] = _encode(found)
+        for time, commands in fresh.items():
+            pending.setdefault(time, []).append(_encode(commands))
+            counts[time] = counts.get(time, 0) + len(commands)
         stash.clear()
-        if values or priors or pending:
-            stash.add(_encode((BLOCK, values, priors, pending)))
+        kept = len(values) + len(priors) + sum(counts.values())
+        if kept:
+            stash.add(_encode((BLOCK, values, priors, pending, counts)))
         # Counters bumped inside timer callbacks are lost by the streaming
         # DirectRunner, so a firing reports its counts as one element:
-        # (inserts, updates, deletes, late, stale, [(entries read, entries
-        # kept) for each key the firing applied]).
-        yield pvalue.TaggedOutput(COUNTS_TAG, (*tally, late, stale, sizes))
+        # (inserts, updates, deletes, late, stale, entries the shard held,
+        # entries it keeps).
+        yield pvalue.TaggedOutput(COUNTS_TAG, (*tally, late, stale, held, kept))
 
 
 class ReportCounts(beam.DoFn):
@@ -193,10 +204,9 @@ class ReportCounts(beam.DoFn):
     def process(self, counts):
         c = self._counters
         c.add_steps(counts[:3])
-        late, stale, sizes = counts[3:]
+        late, stale, _, kept = counts[3:]
         if late:
             c.late_applied.inc(late)
         if stale:
             c.stale_dropped.inc(stale)
-        for _, kept in sizes:
-            c.state_entries.update(kept)
+        c.state_entries.update(kept)
