@@ -18,6 +18,11 @@ user sees it. Cases:
   commands (200,000 over 50,000 keys, a 25,000-key snapshot).
 * ``write``: ``WriteToSupertable`` of vector + text rows (rows/s).
 
+Besides items per wall-clock second, each line gives items per CPU-second
+of the submitting process, where the DirectRunner and LOOPBACK workers run:
+on a shared machine that is the per-worker rate (EXTERNAL workers run in
+their own processes, so that column then counts only the submitter).
+
 Runners: ``direct`` (the DirectRunner), ``flink`` (batch) and
 ``flink-streaming`` (``--streaming``; Upsert cases only).
 """
@@ -28,6 +33,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -107,7 +113,7 @@ def run_case(case: str, runner: str, args) -> dict:
     options = _options(runner, args)
     work = tempfile.mkdtemp(prefix="flink-bench-")
     try:
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), _cpu()
         with beam.Pipeline(options=options) as p:
             if case == "write":
                 from beam_supertable import WriteToSupertable
@@ -127,10 +133,19 @@ def run_case(case: str, runner: str, args) -> dict:
                                 | "ParsePrior" >> beam.Map(upsert_bench.parse_prior))
                     out = cmds | Upsert(case, prior=snapshot)
                 _ = out | beam.ParDo(_Drain())
-        seconds = time.perf_counter() - t0
+        seconds, cpu = time.perf_counter() - t0, _cpu() - cpu0
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {"case": case, "runner": runner, "n": n, "seconds": seconds, "per_second": n / seconds}
+    return {"case": case, "runner": runner, "n": n, "seconds": seconds, "per_second": n / seconds,
+            "cpu_seconds": cpu, "per_cpu_second": n / cpu}
+
+
+def _cpu() -> float:
+    # CPU time of this process: with LOOPBACK (and the DirectRunner) the
+    # Python workers run here, so items per CPU-second is the per-worker
+    # rate, whatever else the machine runs. EXTERNAL workers run elsewhere.
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _describe(runner: str, args) -> str:
@@ -169,7 +184,8 @@ def main(argv=None):
         passed.append("--small")
     for runner in runners:
         print(f"# {runner}: {_describe(runner, args)}", flush=True)
-    print(f"{'case':10s} {'runner':16s} {'items':>9s} {'seconds':>8s} {'per second':>11s}")
+    print(f"{'case':10s} {'runner':16s} {'items':>9s} {'seconds':>8s} {'per second':>11s} "
+          f"{'per CPU-s':>10s}")
     for case in cases:
         for runner in runners:
             if case in ("write", "pardo") and runner == "flink-streaming":
@@ -183,8 +199,9 @@ def main(argv=None):
                 continue
             r = json.loads(line[0][7:])
             print(f"{case:10s} {runner:16s} {r['n']:>9,d} {r['seconds']:>8.1f} "
-                  f"{r['per_second']:>11,.0f}", flush=True)
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python "
+                  f"{r['per_second']:>11,.0f} {r['per_cpu_second']:>10,.0f}", flush=True)
+    load = os.getloadavg()[0]
+    print(f"load average {load:.1f}; machine: {platform.machine()}, {os.cpu_count()} cores, python "
           f"{platform.python_version()}, apache-beam {beam.__version__}, "
           f"{time.strftime('%Y-%m-%d')}")
 
