@@ -100,6 +100,10 @@ def _options(runner: str, args) -> PipelineOptions:
     extra = [f"--environment_type={args.environment_type}"]
     if args.environment_config:
         extra.append(f"--environment_config={args.environment_config}")
+    if args.environment_type != "LOOPBACK":
+        # One SDK worker process per parallel task (Flink's default is one
+        # per TaskManager, whatever its slots).
+        extra.append(f"--sdk_worker_parallelism={args.parallelism}")
     if runner == "flink-streaming":
         extra.append("--streaming")
     argv = ["--runner=FlinkRunner", f"--flink_master={args.flink_master}",
