@@ -13,7 +13,7 @@ from apache_beam.utils.timestamp import Timestamp
 from beam_upsert.grouped import GroupedUpsertFn
 from beam_upsert.model import resume_micros
 from beam_upsert.prepare import INVALID_TAG, CountInvalid, PrepareCommands, PreparePrior
-from beam_upsert.stateful import COUNTS_TAG, ReportCounts, StatefulUpsertFn
+from beam_upsert.stateful import COUNTS_TAG, ReportCounts, ShardKeys, StatefulUpsertFn
 
 Flavor = Literal["auto", "stateful", "grouped"]
 FLAVORS = ("auto", "stateful", "grouped")
@@ -129,8 +129,11 @@ class Upsert(beam.PTransform):
                 | "Apply" >> beam.ParDo(GroupedUpsertFn()).with_outputs(
                     INVALID_TAG, main="changes"))
         else:
-            applied = merged | "Apply" >> beam.ParDo(StatefulUpsertFn()).with_outputs(
-                INVALID_TAG, COUNTS_TAG, main="changes")
+            applied = (
+                merged
+                | "Shard" >> beam.ParDo(ShardKeys()).with_output_types(Tuple[int, Any])
+                | "Apply" >> beam.ParDo(StatefulUpsertFn()).with_outputs(
+                    INVALID_TAG, COUNTS_TAG, main="changes"))
             _ = applied[COUNTS_TAG] | "Count" >> beam.ParDo(ReportCounts())
         conflicts = applied[INVALID_TAG] | "CountConflicts" >> beam.ParDo(CountInvalid())
         invalid.append(conflicts)

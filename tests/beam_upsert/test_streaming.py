@@ -10,8 +10,8 @@ from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms.window import TimestampedValue
 
 from beam_upsert import Upsert
-from beam_upsert.prepare import INVALID_TAG, PrepareCommands, PreparePrior
-from beam_upsert.stateful import COUNTS_TAG, StatefulUpsertFn
+from beam_upsert.prepare import CMD, INVALID_TAG, PrepareCommands, PreparePrior, encode_key
+from beam_upsert.stateful import COUNTS_TAG, ShardKeys, StatefulUpsertFn
 from tests.beam_upsert.helpers import _WithTime, counters
 
 
@@ -120,8 +120,9 @@ def test_a_deleted_key_keeps_nothing_so_a_late_command_is_fresh():
 def _state_sizes(events, prior, expected):
     """Runs the stateful flavor's DoFn and asserts what each firing read and kept.
 
-    Each firing reports (entries read from the key's stash, entries written
-    back), so the stash is measured by reading it, in a real pipeline.
+    Every key goes to one state shard, and each firing reports (entries the
+    shard's stash held, entries written back), so the stash is measured by
+    reading it, in a real pipeline.
     """
     p = _streaming_pipeline()
     commands = (p | _stream(events)
@@ -131,8 +132,9 @@ def _state_sizes(events, prior, expected):
                     INVALID_TAG, main="ok"))
     merged = ((commands.ok, snapshot.ok) | beam.Flatten()
               .with_output_types(Tuple[bytes, Any]))
-    applied = merged | beam.ParDo(StatefulUpsertFn()).with_outputs(
-        INVALID_TAG, COUNTS_TAG, main="changes")
+    applied = (merged | beam.ParDo(ShardKeys(1)).with_output_types(Tuple[int, Any])
+               | beam.ParDo(StatefulUpsertFn()).with_outputs(
+                   INVALID_TAG, COUNTS_TAG, main="changes"))
     assert_that(applied[COUNTS_TAG] | beam.Map(lambda counts: tuple(counts[5:])),
                 equal_to(expected))
     p.run().wait_until_finish()
@@ -155,3 +157,22 @@ def test_state_holds_the_live_value_and_pending_commands_only():
                    ("add", [("m", None, 2 * i + 1, t + 5)]), ("wm", t + 6)]
         expected += [(1, 1), (2, 0)]
     _state_sizes(events, [("k", "p")], expected)
+
+
+def test_timers_and_state_are_per_shard_not_per_key():
+    # A runner's fixed cost is per stateful key (on Flink's batch runner a
+    # bundle per key): 2,000 keys at one time must fire 8 shard timers, not
+    # 2,000 key timers, and still apply every key.
+    p = TestPipeline()
+    entries = [(encode_key(f"k{i}"), (CMD, 0, i, i)) for i in range(2000)]
+    applied = (p | beam.Create(entries).with_output_types(Tuple[bytes, Any])
+               | beam.ParDo(ShardKeys(8)).with_output_types(Tuple[int, Any])
+               | beam.ParDo(StatefulUpsertFn()).with_outputs(
+                   INVALID_TAG, COUNTS_TAG, main="changes"))
+    assert_that(applied[COUNTS_TAG] | beam.Map(lambda counts: counts[0])
+                | "Firings" >> beam.combiners.ToList()
+                | beam.Map(lambda inserts: (len(inserts), sum(inserts))),
+                equal_to([(8, 2000)]), label="firings")
+    assert_that(applied.changes | beam.Map(lambda c: (c.key, c.value, c.diff)),
+                equal_to([(f"k{i}", i, 1) for i in range(2000)]), label="changes")
+    p.run().wait_until_finish()

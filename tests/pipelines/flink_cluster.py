@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from typing import List, Optional
@@ -156,3 +157,55 @@ class FlinkCluster:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+class WorkerPool:
+    """Beam's external Python worker pool, the sidecar of a TaskManager.
+
+    ``python -m apache_beam.runners.worker.worker_pool_main`` serves
+    ``StartWorker`` requests from the TaskManager's
+    ``--environment_type=EXTERNAL`` stages by starting one real SDK worker
+    process per request (``python -c ...SdkHarness(...)``, ``python`` from
+    ``PATH``), so this pool runs with the current interpreter's directory
+    first on ``PATH`` and ``pythonpath`` (the project) importable.
+    """
+
+    def __init__(self, work_dir: str, pythonpath: str):
+        self.work_dir = work_dir
+        self.pythonpath = pythonpath
+        self.port = _free_port()
+        self.process: Optional[subprocess.Popen] = None
+
+    @property
+    def address(self) -> str:
+        return f"localhost:{self.port}"
+
+    def start(self, timeout: float = 60) -> "WorkerPool":
+        env = dict(os.environ)
+        env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+        env["PYTHONPATH"] = self.pythonpath + os.pathsep + env.get("PYTHONPATH", "")
+        log = open(os.path.join(self.work_dir, "worker-pool.log"), "ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "apache_beam.runners.worker.worker_pool_main",
+             f"--service_port={self.port}"],
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the worker pool exited; see {self.work_dir}/worker-pool.log")
+            try:
+                with socket.create_connection(("localhost", self.port), timeout=1):
+                    return self
+            except OSError:
+                time.sleep(0.3)
+        raise TimeoutError(f"worker pool: port {self.port} not open within {timeout} s")
+
+    def stop(self) -> None:
+        # The pool and the workers it started share one process group.
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()

@@ -12,9 +12,12 @@ import pytest
 
 from beam_supertable import ReadFromSupertable, Supertable, WriteToSupertable
 from beam_supertable.transforms import FAIL_FIRST_ENV
+from beam_upsert import Upsert
 from pipelines import flink, upsert_changes
-from tests.pipelines.flink_cluster import FlinkCluster
-from tests.pipelines.test_flink import SCHEMA, _read_lines, _rows
+from tests.beam_upsert.helpers import _Stamp, _WithTime, timestamped
+from tests.beam_upsert.reference import reference_upsert
+from tests.pipelines.flink_cluster import FlinkCluster, WorkerPool
+from tests.pipelines.test_flink import SCHEMA, _read_lines, _rows, _workload
 
 pytestmark = [pytest.mark.flink, pytest.mark.slow]
 
@@ -31,6 +34,16 @@ def cluster(tmp_path_factory):
         yield c
     finally:
         c.stop()
+
+
+@pytest.fixture(scope="module")
+def worker_pool(tmp_path_factory):
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    pool = WorkerPool(str(tmp_path_factory.mktemp("worker-pool")), root)
+    try:
+        yield pool.start()
+    finally:
+        pool.stop()
 
 
 def _options(cluster, *extra):
@@ -199,3 +212,37 @@ def test_upsert_to_supertable_survives_a_killed_taskmanager_like_a_clean_run(clu
         return sorted(t.to_arrow(columns=["id", "name", "score"]).to_pylist(),
                       key=lambda r: r["id"])
     assert live(got) == live(want) and len(live(got)) > 3000
+
+
+class _WorkerProcess(beam.DoFn):
+    """Tags each element with the process (and its parent) that handled it."""
+
+    def process(self, element):
+        yield os.getpid(), os.getppid()
+
+
+def test_stateful_upsert_on_external_worker_processes_equals_reference(
+        cluster, worker_pool, tmp_path):
+    # The sidecar deployment: the TaskManager asks the worker pool for SDK
+    # workers (EXTERNAL), and the pool starts them as processes of its own.
+    commands, prior = _workload(seed=5)
+    expected = reference_upsert(commands, prior)
+    options = _options(cluster, "--environment_type=EXTERNAL",
+                       f"--environment_config={worker_pool.address}",
+                       "--sdk_worker_parallelism=2")
+    p = beam.Pipeline(options=options)
+    cmds = (p | "Cmds" >> beam.Create(timestamped(commands)) | "Stamp" >> beam.ParDo(_Stamp()))
+    changes = cmds | Upsert("stateful", prior=p | "Prior" >> beam.Create(prior))
+    out = changes | beam.ParDo(_WithTime())
+    _ = out | beam.Map(json.dumps) | beam.io.WriteToText(str(tmp_path / "changes"))
+    _ = (changes | beam.ParDo(_WorkerProcess()) | beam.Distinct()
+         | "Pids" >> beam.Map(json.dumps) | "WritePids" >> beam.io.WriteToText(
+             str(tmp_path / "workers")))
+    p.run().wait_until_finish()
+
+    got = sorted(map(tuple, _read_lines(str(tmp_path / "changes"))), key=repr)
+    assert got == sorted(expected, key=repr) and len(got) > 1000
+    workers = _read_lines(str(tmp_path / "workers"))
+    # Real worker processes, started by the pool, not threads of this process.
+    assert workers and all(parent == worker_pool.process.pid for _, parent in workers), workers
+    assert os.getpid() not in {pid for pid, _ in workers}
