@@ -563,29 +563,21 @@ def _centroids(table: "Supertable", plan: OptimizePlan) -> np.ndarray:
 
 def _regrid_cells(plan: OptimizePlan, source: Source, src_cells: np.ndarray, part: pa.Table,
                   vp: dict, centroids: Callable[[], np.ndarray]) -> np.ndarray:
-    """The rows' cells in the grid the optimize commits: unchanged, except rows
-    of a cell split since their superfile was written (or by this plan), which
-    go to the nearest of that cell's descendants."""
+    """The rows' cells in the grid the optimize commits: unchanged when the
+    superfile was written on that grid, else each row's nearest centre of it.
+
+    Nearest-centre assignment on the committed grid is the writer's rule, and
+    what search relies on: the probe law measured for the new grid, and the
+    distance bounds of adaptive probing, both assume it. (Sending rows only
+    to the sub-cells of their old cell would leave rows of unsplit cells
+    beside a nearer new centre, and queries probing by nearest centres would
+    miss them.)
+    """
     target = plan.new_grid or plan.grid
-    n_src = grid_mod.lineage(plan.grid).get(source.entry.get("grid"), int(plan.grid["n_cells"]))
-    up = grid_mod.ancestors(target, n_src)
-    family: Dict[int, np.ndarray] = {}
-    for cid in np.unique(up[n_src:]) if len(up) > n_src else ():
-        family[int(cid)] = np.where(up == cid)[0]
-    out = src_cells.copy()
-    moving = np.isin(src_cells, list(family))
-    if not moving.any():
-        return out
-    x = prepare(vectors_of(part.filter(pa.array(moving)), vp["column"], vp["dim"]), vp["metric"])
-    cents = centroids()
-    sub = src_cells[moving]
-    new = np.empty(len(sub), np.int64)
-    for cid, members in family.items():
-        m = sub == cid
-        if m.any():
-            new[m] = members[nearest(x[m], cents[members], vp["metric"], 1)[:, 0]]
-    out[moving] = new
-    return out
+    if source.entry.get("grid") == target["sha256"]:
+        return src_cells
+    x = prepare(vectors_of(part, vp["column"], vp["dim"]), vp["metric"])
+    return nearest(x, centroids(), vp["metric"], 1)[:, 0].astype(np.int64)
 
 
 def _write_chunks(table, group, user, ids, cells, replicas, grid_id, layout) -> List[dict]:
