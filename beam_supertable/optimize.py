@@ -56,8 +56,6 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional
 
 import numpy as np
 import pyarrow as pa
-from sklearn.cluster import KMeans
-from threadpoolctl import threadpool_limits
 
 from beam_supertable import deletes as dv
 from beam_supertable.errors import CommitConflictError, CommitFailedError
@@ -473,6 +471,9 @@ def _split_cell(x: np.ndarray, cap: int, metric: str) -> np.ndarray:
                 if len(part) > SPLIT_SAMPLE_ROWS else part
             # One thread: the cells are small, and OpenMP's threads spinning on
             # a busy machine cost ~30x the work itself (measured).
+            from sklearn.cluster import KMeans   # (slow import: on use)
+            from threadpoolctl import threadpool_limits
+
             with threadpool_limits(1):
                 km = KMeans(n_clusters=k, n_init=1, max_iter=grid_mod.KMEANS_ITERATIONS,
                             random_state=grid_mod.SEED).fit(sample)

@@ -48,7 +48,6 @@ from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from sklearn.cluster import KMeans
 
 from beam_supertable.fts import index as fts_index
 from beam_supertable.keys import key_section
@@ -80,6 +79,8 @@ def _fine_ivf(x: np.ndarray, encoded_row_bytes: int, seed: int = 0
     n_fine = max(1, math.ceil(len(x) * encoded_row_bytes / FINE_RUN_BYTES))
     if n_fine == 1 or len(x) <= n_fine:
         return x.mean(axis=0, keepdims=True).astype(np.float32), np.zeros(len(x), np.int64)
+    from sklearn.cluster import KMeans   # (slow import: on use)
+
     km = KMeans(n_clusters=n_fine, n_init=1, max_iter=15, random_state=seed).fit(x)
     return km.cluster_centers_.astype(np.float32), km.labels_.astype(np.int64)
 
