@@ -1,0 +1,45 @@
+"""Hostile review, wave 2: UpsertToSupertable, optimize, inspect/CLI, calibrated search.
+
+Each test is a bug found against the contracts of issues 11-13 or the
+project's standing rules; the fixed ones pass, the open ones are strict
+xfails (they start passing, and fail the suite, the day they are fixed).
+"""
+
+import datetime
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from beam_supertable import Supertable
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _ints(a, b):
+    return pa.table({"id": pa.array(range(a, b), pa.int64())})
+
+
+@pytest.mark.parametrize("bad", [dict(older_than="6h"), dict(older_than=-1),
+                                 dict(retain_versions=0)])
+def test_optimize_with_bad_vacuum_options_commits_nothing(tmp_path, bad):
+    """A bad vacuum option is refused before the optimize commits.
+
+    It used to be checked by the vacuum after the optimize's commit: the call
+    raised, yet the table had a new version (a caller retrying "the failed
+    optimize" could not tell it had happened).
+    """
+    uri = str(tmp_path / "t")
+    t = Supertable.create(uri, _ints(0, 1).schema)
+    for i in range(3):
+        t.append(_ints(i * 10, i * 10 + 10))
+    before = t.version
+    with pytest.raises(ValueError, match="older_than|retain_versions"):
+        t.optimize(vacuum_after=True, **bad)
+    assert Supertable.open(uri).version == before
+    # A good call still does both.
+    assert t.optimize(vacuum_after=True, older_than=datetime.timedelta(0)) == before + 1
