@@ -65,3 +65,63 @@ def test_cli_on_a_store_without_credentials_is_one_line_no_traceback(tmp_path, s
     assert "Traceback" not in result.stderr, result.stderr
     errors = [line for line in result.stderr.splitlines() if "error" in line]
     assert len(errors) == 1 and "s3://no-credentials/t" in errors[0], result.stderr
+
+
+
+def _clustered(rng, start, n, centres):
+    x = centres[rng.integers(0, len(centres), n)] + rng.normal(size=(n, centres.shape[1]))
+    return pa.table({
+        "id": pa.array(range(start, start + n), pa.int64()),
+        "g": pa.array(rng.integers(0, 10, n), pa.int64()),
+        "emb": pa.FixedSizeListArray.from_arrays(
+            pa.array(x.astype("float32").ravel()), centres.shape[1])})
+
+
+def _many_clusters(path):
+    """5,000 rows of 200 Gaussian clusters (16-d) in 10 appends, and 60 fresh rows
+    of the same law as queries."""
+    rng = np.random.default_rng(1)
+    t = Supertable.create(path, _clustered(rng, 0, 1, np.zeros((1, 16))).schema,
+                          vector_column="emb")
+    centres = []
+    for i in range(10):
+        centres.append(rng.normal(size=(20, 16)) * 3)
+        t.append(_clustered(rng, i * 500, 500, centres[-1]))
+    every = np.concatenate(centres)
+    queries = every[rng.integers(0, len(every), 60)] + rng.normal(size=(60, 16))
+    return t, queries.astype("float32")
+
+
+def _recall(t, queries, where=None, **kwargs):
+    found = []
+    for q in queries:
+        exact = set(t.search(vector=q, k=10, filter=where, nprobe=10**6).column("id").to_pylist())
+        got = set(t.search(vector=q, k=10, filter=where, **kwargs).column("id").to_pylist())
+        found.append(len(exact & got) / len(exact))
+    return float(np.mean(found))
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "optimize's split assigns a moved row to the nearest sub-cell of its old cell "
+    "(_regrid_cells), not to the nearest centre of the new grid, yet stamps the new "
+    "grid: the probe law (measured as if rows sat in their nearest cell) and the "
+    "bisector bounds (_vector_hits 'bounded') both assume nearest-centre assignment; "
+    "default recall@10 falls from 0.96 to 0.80 after a default optimize()"))
+def test_default_recall_holds_after_optimize_splits_cells(tmp_path):
+    uri = str(tmp_path / "t")
+    t, queries = _many_clusters(uri)
+    assert _recall(t, queries) >= 0.95
+    t.optimize()
+    t = Supertable.open(uri)
+    assert _recall(t, queries) >= 0.95
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "recall_target is not honoured under a filter: the probe law is measured "
+    "unfiltered and the search widens only when the probed cells hold fewer than k "
+    "allowed rows, so a 10%-selective filter gets the unfiltered nprobe "
+    "(recall@10 ~0.8 at recall_target=0.99)"))
+def test_recall_target_holds_under_a_selective_filter(tmp_path):
+    t, queries = _many_clusters(str(tmp_path / "t"))
+    assert _recall(t, queries) >= 0.95                  # unfiltered: holds
+    assert _recall(t, queries, pc.field("g") == 3, recall_target=0.99) >= 0.95
