@@ -10,12 +10,17 @@ import os
 import subprocess
 import sys
 
+import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+from apache_beam.transforms.window import TimestampedValue
 
-from beam_supertable import Supertable
+from beam_supertable import Supertable, UpsertToSupertable
+from beam_upsert import UpsertCommand
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -125,3 +130,32 @@ def test_recall_target_holds_under_a_selective_filter(tmp_path):
     t, queries = _many_clusters(str(tmp_path / "t"))
     assert _recall(t, queries) >= 0.95                  # unfiltered: holds
     assert _recall(t, queries, pc.field("g") == 3, recall_target=0.99) >= 0.95
+
+
+def test_upsert_to_supertable_sends_out_of_range_integers_to_invalid(table_location):
+    """An int64 key or column value too large for its column is a malformed element.
+
+    pyarrow raises OverflowError (an ArithmeticError, not a ValueError): it
+    escaped the validation and failed the whole job.
+    """
+    uri, options = table_location
+    schema = pa.schema([("id", pa.int64()), ("n", pa.int32()), ("name", pa.string())])
+    commands = [
+        TimestampedValue(UpsertCommand(1, {"id": 1, "n": 1, "name": "kept"}, 1), 10),
+        TimestampedValue(UpsertCommand(2**70, {"id": 2**70, "n": 1, "name": "x"}, 2), 10),
+        TimestampedValue(UpsertCommand(3, {"id": 3, "n": 2**40, "name": "y"}, 3), 10),
+        TimestampedValue(UpsertCommand(2**64, None, 4), 10),
+    ]
+    p = TestPipeline()
+    result = (p | beam.Create(commands)
+              | UpsertToSupertable(uri, schema=schema, primary_key="id",
+                                   storage_options=options).with_invalid_output())
+    assert_that(result.invalid | beam.Map(lambda i: (i.element.offset, "2**" in i.reason
+                                                      or str(i.element.key) in i.reason
+                                                      or "'n'" in i.reason)),
+                equal_to([(2, True), (3, True), (4, True)]), label="Invalid")
+    assert_that(result.commits | beam.Map(lambda c: c.rows), equal_to([1]), label="Commits")
+    p.run().wait_until_finish()
+    table = Supertable.open(uri, storage_options=options)
+    assert table.to_arrow(columns=["id", "n", "name"]).to_pylist() == [
+        {"id": 1, "n": 1, "name": "kept"}]
