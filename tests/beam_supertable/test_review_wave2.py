@@ -19,7 +19,7 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms.window import TimestampedValue
 
-from beam_supertable import Supertable, UpsertToSupertable
+from beam_supertable import SchemaMismatchError, Supertable, UpsertToSupertable
 from beam_upsert import UpsertCommand
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -159,3 +159,16 @@ def test_upsert_to_supertable_sends_out_of_range_integers_to_invalid(table_locat
     table = Supertable.open(uri, storage_options=options)
     assert table.to_arrow(columns=["id", "n", "name"]).to_pylist() == [
         {"id": 1, "n": 1, "name": "kept"}]
+
+
+@pytest.mark.parametrize("call", ["upsert", "append"])
+def test_row_dicts_with_an_int_beyond_64_bits_name_column_and_row(tmp_path, call):
+    """``upsert``/``append`` of row dicts holding 2**70 raised a bare OverflowError
+    ("Python int too large to convert to C long") naming nothing."""
+    t = Supertable.create(str(tmp_path / "t"), pa.schema([("id", pa.int64()), ("n", pa.int32())]),
+                          primary_key="id")
+    t.upsert([{"id": 7, "n": 7}])
+    with pytest.raises(SchemaMismatchError, match=r"column 'id', row 1"):
+        getattr(t, call)([{"id": 1, "n": 1}, {"id": 2**70, "n": 1}])
+    assert Supertable.open(str(tmp_path / "t")).to_arrow(columns=["id", "n"]).to_pylist() == [
+        {"id": 7, "n": 7}]
