@@ -827,6 +827,9 @@ class UpsertToSupertable(beam.PTransform):
             fts_columns = [fts_columns]
         names = None
         if primary_key is not None:
+            if not isinstance(primary_key, (str, list, tuple)):
+                raise SchemaMismatchError(f"{where}: primary_key must be a column name or a "
+                                          f"list of them, got {primary_key!r}")
             names = [primary_key] if isinstance(primary_key, str) else list(primary_key)
             if not names:
                 raise ValueError(f"{where}: primary_key must name at least one column")

@@ -172,3 +172,15 @@ def test_row_dicts_with_an_int_beyond_64_bits_name_column_and_row(tmp_path, call
         getattr(t, call)([{"id": 1, "n": 1}, {"id": 2**70, "n": 1}])
     assert Supertable.open(str(tmp_path / "t")).to_arrow(columns=["id", "n"]).to_pylist() == [
         {"id": 7, "n": 7}]
+
+
+@pytest.mark.parametrize("key", [5, b"id", {"id"}])
+def test_a_primary_key_that_is_no_name_or_list_is_a_clear_error(tmp_path, key):
+    """``primary_key=5`` raised "TypeError: 'int' object is not iterable"; bytes
+    were split into numbers; a set has no column order."""
+    schema = pa.schema([("id", pa.int64())])
+    with pytest.raises(SchemaMismatchError, match=r"primary_key must be a column name"):
+        Supertable.create(str(tmp_path / "t"), schema, primary_key=key)
+    with pytest.raises(SchemaMismatchError, match=r"primary_key must be a column name"):
+        UpsertToSupertable(str(tmp_path / "u"), schema=schema, primary_key=key)
+    assert not os.path.exists(tmp_path / "t")
