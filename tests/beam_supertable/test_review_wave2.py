@@ -184,3 +184,17 @@ def test_a_primary_key_that_is_no_name_or_list_is_a_clear_error(tmp_path, key):
     with pytest.raises(SchemaMismatchError, match=r"primary_key must be a column name"):
         UpsertToSupertable(str(tmp_path / "u"), schema=schema, primary_key=key)
     assert not os.path.exists(tmp_path / "t")
+
+
+@pytest.mark.parametrize("bad", ["x", 2.5, None])
+def test_vacuum_and_inspect_name_a_retain_versions_that_is_no_int(tmp_path, bad):
+    """``retain_versions="x"`` raised "'<' not supported between 'str' and 'int'"."""
+    from beam_supertable import inspect_table
+    uri = str(tmp_path / "t")
+    t = Supertable.create(uri, pa.schema([("id", pa.int64())]))
+    t.append(_ints(0, 3))
+    with pytest.raises(ValueError, match="retain_versions"):
+        t.vacuum(retain_versions=bad)
+    with pytest.raises(ValueError, match="retain_versions"):
+        inspect_table(uri, retain_versions=bad)
+    assert Supertable.open(uri).count_rows() == 3
