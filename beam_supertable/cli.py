@@ -32,6 +32,7 @@ import os
 import re
 import sys
 import time
+import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO
 
 from beam_supertable.errors import SupertableError
@@ -249,6 +250,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.uri not in message:
             message = f"{args.uri}: {message}"
         print(f"{prog}: error: {type(exc).__name__}: {message}", file=sys.stderr)
+        return EXIT_FAILED
+    except Exception as exc:  # noqa: BLE001 - the CLI's last resort, see below
+        # A store client's own error type (botocore's NoCredentialsError is
+        # no OSError) or a bug: still one line, the traceback under -v.
+        if args.verbose:
+            traceback.print_exc()
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        print(f"{prog}: error: {type(exc).__name__}: {args.uri}: {message}"
+              + ("" if args.verbose else " (run with -v for the traceback)"), file=sys.stderr)
         return EXIT_FAILED
     try:
         print(json.dumps(doc, indent=2) if args.json else text, flush=True)

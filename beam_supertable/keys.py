@@ -86,6 +86,11 @@ def check_primary_key(uri: str, schema: pa.Schema, primary_key) -> List[str]:
     """
     if primary_key is None:
         return []
+    if not isinstance(primary_key, (str, list, tuple)):
+        # (list() of an int fails with "'int' object is not iterable"; of
+        # bytes, it gives numbers: neither names the argument.)
+        raise SchemaMismatchError(
+            f"{uri}: primary_key must be a column name or a list of them, got {primary_key!r}")
     names = [primary_key] if isinstance(primary_key, str) else list(primary_key)
     for name in names:
         if not isinstance(name, str):

@@ -864,8 +864,10 @@ class Manifest:
             The plan: versions and objects to remove, versions kept, and the
             unreferenced objects the grace period still protects.
         """
-        if retain_versions < 1:
-            raise ValueError(f"vacuum: retain_versions must be >= 1, got {retain_versions}")
+        if isinstance(retain_versions, bool) or not isinstance(retain_versions, int) \
+                or retain_versions < 1:
+            raise ValueError(
+                f"vacuum: retain_versions must be an int >= 1, got {retain_versions!r}")
         grace = grace_seconds(older_than)
         latest = self.latest_version()
         now = time.time() if now is None else now

@@ -24,6 +24,24 @@ def vector_dim(field: pa.Field) -> int:
     return t.list_size
 
 
+def _offender(rows: Sequence[Mapping[str, Any]], names: Sequence[str]) -> str:
+    """``"column 'c', row i: "`` of the first value that makes no Arrow array, or ``""``."""
+    for name in names:
+        values = [row.get(name) for row in rows]
+        try:
+            pa.array(values)
+            continue
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            pass
+        for i, value in enumerate(values):
+            try:
+                pa.array([value])
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+                return f"column {name!r}, row {i}: "
+        return f"column {name!r}: "
+    return ""
+
+
 def to_table(data: Data) -> Optional[pa.Table]:
     if isinstance(data, pa.RecordBatch):
         return pa.Table.from_batches([data])
@@ -41,8 +59,10 @@ def to_table(data: Data) -> Optional[pa.Table]:
         names = list(dict.fromkeys(k for row in batches for k in row))
         try:
             return pa.Table.from_pydict({k: [row.get(k) for row in batches] for k in names})
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-            raise SchemaMismatchError(f"row dicts do not make a table: {exc}") from exc
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+            # (OverflowError: an int beyond 64 bits.) Name the column and row.
+            raise SchemaMismatchError(
+                f"row dicts do not make a table: {_offender(batches, names)}{exc}") from exc
     if not all(isinstance(b, pa.RecordBatch) for b in batches):
         kind = Mapping if isinstance(batches[0], Mapping) else pa.RecordBatch
         bad = next(type(b).__name__ for b in batches if not isinstance(b, kind))

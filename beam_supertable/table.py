@@ -19,7 +19,7 @@ from beam_supertable.errors import (
     MemoryBudgetError, NotATableError, SchemaMismatchError, SupertableError, TableExistsError)
 from beam_supertable.keys import KeyBatch, check_primary_key
 from beam_supertable.manifest import (
-    DEFAULT_MAX_RETRIES, CommitRequest, Manifest, Snapshot, VacuumReport)
+    DEFAULT_MAX_RETRIES, CommitRequest, Manifest, Snapshot, VacuumReport, grace_seconds)
 from beam_supertable.cache import DEFAULT_CACHE_BYTES, ByteCache
 from beam_supertable.filters import mask, may_match, pruned
 from beam_supertable.fts import index as fts_index
@@ -658,6 +658,15 @@ class Supertable:
             written); the plan with ``dry_run``.
         """
         from beam_supertable import optimize as opt
+        if vacuum_after and not dry_run:
+            # Check the vacuum's options before anything is committed: a bad
+            # one raised after the optimize's commit would report a call that
+            # did change the table as failed.
+            if isinstance(retain_versions, bool) or not isinstance(retain_versions, int) \
+                    or retain_versions < 1:
+                raise ValueError(f"optimize: retain_versions must be an int >= 1, "
+                                 f"got {retain_versions!r}")
+            grace_seconds(older_than)
         result = opt.optimize(self, target_file_bytes=target_file_bytes,
                               max_cell_rows=max_cell_rows, max_rewrite_bytes=max_rewrite_bytes,
                               dry_run=dry_run, progress=progress, token=token)

@@ -322,14 +322,15 @@ class _Validate(beam.DoFn):
             return []
         try:
             return self._one(rows)
-        except (SchemaMismatchError, pa.ArrowException, TypeError, ValueError, KeyError):
+        except (SchemaMismatchError, pa.ArrowException, TypeError, ValueError, KeyError,
+                OverflowError):
             pass
         out: List[Union[dict, str]] = []
         for row in rows:   # find the offenders one by one; keep the rest
             try:
                 out.extend(self._one([row]))
             except (SchemaMismatchError, pa.ArrowException, TypeError, ValueError,
-                    KeyError) as exc:
+                    KeyError, OverflowError) as exc:
                 out.append(_Reason(self._diagnose(row, exc)))
         return out
 
@@ -342,7 +343,7 @@ class _Validate(beam.DoFn):
         for field in self._schema:
             try:
                 pa.array([row.get(field.name)], type=field.type)
-            except (pa.ArrowException, TypeError, ValueError) as err:
+            except (pa.ArrowException, TypeError, ValueError, OverflowError) as err:
                 return f"column {field.name!r}: {err}"
             if row.get(field.name) is None and not field.nullable:
                 return f"column {field.name!r} is not nullable but the row has no value for it"
@@ -354,13 +355,13 @@ class _Validate(beam.DoFn):
         try:
             out = [_key_of(r, self._names)
                    for r in _key_table(keys, self._schema, self._names).to_pylist()]
-        except (pa.ArrowException, TypeError, ValueError):
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
             out = []
         for key in keys if not out else ():
             try:
                 out.append(_key_of(_key_table([key], self._schema, self._names).to_pylist()[0],
                                    self._names))
-            except (pa.ArrowException, TypeError, ValueError) as exc:
+            except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
                 out.append(_Reason(
                     f"key {key!r} does not fit the key column(s) {self._names}: {exc}"))
         for i, key in enumerate(out):
@@ -826,6 +827,9 @@ class UpsertToSupertable(beam.PTransform):
             fts_columns = [fts_columns]
         names = None
         if primary_key is not None:
+            if not isinstance(primary_key, (str, list, tuple)):
+                raise SchemaMismatchError(f"{where}: primary_key must be a column name or a "
+                                          f"list of them, got {primary_key!r}")
             names = [primary_key] if isinstance(primary_key, str) else list(primary_key)
             if not names:
                 raise ValueError(f"{where}: primary_key must name at least one column")

@@ -155,7 +155,11 @@ def infer_schema(pattern: str, primary_key: List[str],
     path = first_file(pattern)
     fmt = format_of(path)
     if fmt == "parquet":
-        rows = pq.ParquetFile(path).read_row_group(0).slice(0, INFER_SAMPLE_ROWS).to_pylist()
+        try:
+            rows = pq.ParquetFile(path).read_row_group(0).slice(0, INFER_SAMPLE_ROWS).to_pylist()
+        except (pa.ArrowException, OSError) as exc:
+            # (pyarrow's message names no file: "Parquet magic bytes not found".)
+            raise ValueError(f"{path}: not a readable Parquet file ({exc})") from exc
     else:
         rows = []
         with open(path, encoding="utf-8") as f:

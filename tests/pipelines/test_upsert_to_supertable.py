@@ -130,3 +130,14 @@ def test_upsert_on_flink_equals_direct_runner(flink_jar, tmp_path):
         tables[runner] = (table_rows(table, ["key", "reading", "unit"]),
                           Supertable.open(table).frontier)
     assert tables["flink"] == tables["direct"]
+
+
+def test_a_corrupt_parquet_command_file_is_an_error_naming_it(tmp_path):
+    """Inferring the schema from a file that is no Parquet raised pyarrow's
+    "Parquet magic bytes not found", naming no file; nothing is created."""
+    bad = tmp_path / "commands.parquet"
+    bad.write_bytes(b"not parquet at all")
+    table = tmp_path / "t"
+    with pytest.raises(ValueError, match=re.escape(str(bad))):
+        upsert_to_supertable.run(["--commands", str(bad), "--table", str(table)])
+    assert not table.exists()
