@@ -106,12 +106,6 @@ def _recall(t, queries, where=None, **kwargs):
     return float(np.mean(found))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "optimize's split assigns a moved row to the nearest sub-cell of its old cell "
-    "(_regrid_cells), not to the nearest centre of the new grid, yet stamps the new "
-    "grid: the probe law (measured as if rows sat in their nearest cell) and the "
-    "bisector bounds (_vector_hits 'bounded') both assume nearest-centre assignment; "
-    "default recall@10 falls from 0.96 to 0.80 after a default optimize()"))
 def test_default_recall_holds_after_optimize_splits_cells(tmp_path):
     uri = str(tmp_path / "t")
     t, queries = _many_clusters(uri)
