@@ -55,17 +55,24 @@ def _value(raw: Any) -> Any:
     return raw
 
 
+def command_row(element: Any) -> dict:
+    """A command as a dict (a JSON line, or a Parquet row already one), with
+    its ``key``, ``offset`` and ``time``; ``ValueError`` naming what is wrong."""
+    row = json.loads(element) if isinstance(element, (str, bytes)) else element
+    if not isinstance(row, dict):
+        raise ValueError(f"expected a JSON object, got {type(row).__name__}")
+    missing = [f for f in ("key", "offset", "time") if f not in row]
+    if missing:
+        raise ValueError(f"missing field(s) {missing}")
+    return row
+
+
 class ParseCommand(beam.DoFn):
     """A JSON line or a Parquet row dict -> a timestamped UpsertCommand."""
 
     def process(self, element):
         try:
-            row = json.loads(element) if isinstance(element, (str, bytes)) else element
-            if not isinstance(row, dict):
-                raise ValueError(f"expected a JSON object, got {type(row).__name__}")
-            missing = [f for f in ("key", "offset", "time") if f not in row]
-            if missing:
-                raise ValueError(f"missing field(s) {missing}")
+            row = command_row(element)
             if row.get("error") is not None:
                 value = UpsertError(str(row["error"]))
             else:

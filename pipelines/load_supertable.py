@@ -24,7 +24,9 @@ from beam_supertable import Supertable
 from beam_supertable.transforms import NAMESPACE as TABLE_NAMESPACE
 from beam_supertable.transforms import WriteToSupertable
 from beam_supertable.vector.metric import METRICS
-from pipelines.options import add_job_argument, counter_totals, job_options
+from pipelines.options import (
+    add_job_argument, counter_totals, job_options, split_columns)
+from pipelines.options import dead_letters_path as _dead_letters_path
 from pipelines.file_rows import (
     BAD_TAG, FORMATS, coerce_row, dead_letter, format_of, infer_schema, parse_schema, read_rows)
 from pipelines.io_formats import JOB_NAMESPACE, to_json
@@ -83,16 +85,8 @@ class LoadSupertableOptions(PipelineOptions):
                  "<table>.invalid.jsonl for a local table, else out/load_supertable.invalid.jsonl).")
 
 
-def _columns(spec: Optional[str]) -> List[str]:
-    return [c.strip() for c in spec.split(",") if c.strip()] if spec else []
-
-
 def dead_letters_path(job: LoadSupertableOptions) -> str:
-    if job.dead_letters:
-        return job.dead_letters
-    if "://" not in job.table:
-        return job.table.rstrip("/\\") + ".invalid.jsonl"
-    return os.path.join("out", "load_supertable.invalid.jsonl")
+    return _dead_letters_path(job.table, job.dead_letters, "load_supertable")
 
 
 class _Coerce(beam.DoFn):
@@ -141,12 +135,12 @@ def plan(job: LoadSupertableOptions) -> Plan:
             raise ValueError(f"--vector-column {job.vector_column!r}: the table at {job.table!r} "
                              f"indexes {held_vector!r}")
         held_text = fts["columns"] if fts else []
-        if job.text_columns and _columns(job.text_columns) != held_text:
+        if job.text_columns and split_columns(job.text_columns) != held_text:
             raise ValueError(f"--text-columns {job.text_columns!r}: the table at {job.table!r} "
                              f"indexes {held_text}")
         return Plan(pattern, fmt, table.user_schema, {})
     vector = job.vector_column or (SAMPLE_VECTOR_COLUMN if sample else None)
-    text = _columns(job.text_columns or (SAMPLE_TEXT_COLUMNS if sample else None))
+    text = split_columns(job.text_columns or (SAMPLE_TEXT_COLUMNS if sample else None))
     schema = parse_schema(job.schema) if job.schema else infer_schema(pattern, fmt, vector, text)
     return Plan(pattern, fmt, schema, {"vector_column": vector, "metric": job.metric,
                                        "fts_columns": text, "n_cells": job.n_cells})

@@ -12,6 +12,7 @@ skipped in the shared parser: every job declares its flags through
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -57,3 +58,18 @@ def counter_totals(result: Any, namespaces: Iterable[str]) -> Dict[str, int]:
         value = c.committed if c.committed is not None else c.attempted
         got[c.key.metric.name] = got.get(c.key.metric.name, 0) + (value or 0)
     return got
+
+
+def split_columns(spec: Optional[str]) -> List[str]:
+    """``"a, b"`` -> ``["a", "b"]``; None or empty -> ``[]``."""
+    return [c.strip() for c in spec.split(",") if c.strip()] if spec else []
+
+
+def dead_letters_path(table: str, given: Optional[str], job_name: str) -> str:
+    """Where a job writes its dead letters: ``given``, else beside a local table,
+    else ``out/<job_name>.invalid.jsonl``."""
+    if given:
+        return given
+    if "://" not in table:
+        return table.rstrip("/\\") + ".invalid.jsonl"
+    return os.path.join("out", f"{job_name}.invalid.jsonl")

@@ -38,8 +38,10 @@ from beam_upsert import UpsertCommand
 from beam_upsert.metrics import NAMESPACE as UPSERT_NAMESPACE
 from pipelines.file_rows import (
     BAD_TAG, INFER_SAMPLE_ROWS, dead_letter, first_file, format_of, parse_schema)
-from pipelines.io_formats import JOB_NAMESPACE, parse_key, parse_time, to_json
-from pipelines.options import add_job_argument, counter_totals, job_options
+from pipelines.io_formats import JOB_NAMESPACE, command_row, parse_key, parse_time, to_json
+from pipelines.options import (
+    add_job_argument, counter_totals, job_options, split_columns)
+from pipelines.options import dead_letters_path as _dead_letters_path
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 DEFAULT_COMMANDS = os.path.join(EXAMPLES, "commands.jsonl")
@@ -90,16 +92,8 @@ class UpsertToSupertableOptions(PipelineOptions):
                  "out/upsert_to_supertable.invalid.jsonl).")
 
 
-def _columns(spec: Optional[str]) -> List[str]:
-    return [c.strip() for c in spec.split(",") if c.strip()] if spec else []
-
-
 def dead_letters_path(job: UpsertToSupertableOptions) -> str:
-    if job.dead_letters:
-        return job.dead_letters
-    if "://" not in job.table:
-        return job.table.rstrip("/\\") + ".invalid.jsonl"
-    return os.path.join("out", "upsert_to_supertable.invalid.jsonl")
+    return _dead_letters_path(job.table, job.dead_letters, "upsert_to_supertable")
 
 
 def with_key(value: dict, key: Any, names: List[str]) -> dict:
@@ -119,12 +113,7 @@ class ParseTableCommand(beam.DoFn):
 
     def process(self, element):
         try:
-            row = json.loads(element) if isinstance(element, (str, bytes)) else element
-            if not isinstance(row, dict):
-                raise ValueError(f"expected a JSON object, got {type(row).__name__}")
-            missing = [f for f in ("key", "offset", "time") if f not in row]
-            if missing:
-                raise ValueError(f"missing field(s) {missing}")
+            row = command_row(element)
             if row.get("error") is not None:
                 raise ValueError(f"it carries an error instead of a value: {row['error']}")
             key, value = parse_key(row["key"]), row.get("value")
@@ -195,7 +184,7 @@ def infer_schema(pattern: str, primary_key: List[str],
 
 def build(p: beam.Pipeline, job: UpsertToSupertableOptions) -> None:
     pattern = job.commands or DEFAULT_COMMANDS
-    keys = _columns(job.primary_key) or [DEFAULT_PRIMARY_KEY]
+    keys = split_columns(job.primary_key) or [DEFAULT_PRIMARY_KEY]
     options = json.loads(job.storage_options) if job.storage_options else None
     try:
         Supertable.open(job.table, storage_options=options)
@@ -205,7 +194,7 @@ def build(p: beam.Pipeline, job: UpsertToSupertableOptions) -> None:
         schema = parse_schema(job.schema) if job.schema else infer_schema(
             pattern, keys, job.vector_column)
         create = {"vector_column": job.vector_column,
-                  "fts_columns": tuple(_columns(job.text_columns))}
+                  "fts_columns": tuple(split_columns(job.text_columns))}
     parsed = (_read(p, pattern, format_of(first_file(pattern)))
               | "Parse" >> beam.ParDo(ParseTableCommand(keys)).with_outputs(BAD_TAG, main="ok"))
     written = parsed.ok | "Upsert" >> UpsertToSupertable(

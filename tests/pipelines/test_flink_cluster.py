@@ -104,6 +104,20 @@ def test_main_job_on_the_cluster_equals_direct_runner(cluster, tmp_path):
     assert outputs["flink"] == outputs["direct"] and len(outputs["flink"][0]) > 100
 
 
+def _wait_until_running(cluster, timeout=180):
+    """The id of the cluster's running job once one of its tasks has started."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        jobs = [j for j in cluster.rest("/jobs")["jobs"] if j["status"] == "RUNNING"]
+        if jobs:
+            job_id = jobs[0]["id"]
+            tasks = cluster.rest(f"/jobs/{job_id}")["status-counts"]
+            if tasks.get("RUNNING", 0) + tasks.get("FINISHED", 0) > 0:
+                return job_id
+        time.sleep(0.2)
+    pytest.fail("the job never started running on the cluster")
+
+
 def test_killed_taskmanager_mid_job_recovers_exactly_once(cluster, tmp_path):
     # A real process failure: SIGKILL the TaskManager while the job runs,
     # start a new one, and the restarted job must land every row once.
@@ -116,17 +130,7 @@ def test_killed_taskmanager_mid_job_recovers_exactly_once(cluster, tmp_path):
                              n_shards=2))
     result = p.run()
     victim = cluster.taskmanagers[-1]
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        jobs = [j for j in cluster.rest("/jobs")["jobs"] if j["status"] == "RUNNING"]
-        if jobs:
-            job_id = jobs[0]["id"]
-            tasks = cluster.rest(f"/jobs/{job_id}")["status-counts"]
-            if tasks.get("RUNNING", 0) + tasks.get("FINISHED", 0) > 0:
-                break
-        time.sleep(0.2)
-    else:
-        pytest.fail("the job never started running on the cluster")
+    job_id = _wait_until_running(cluster)
     assert Supertable.open(uri).version == 0  # nothing committed yet: truly mid-job
     os.killpg(victim.pid, signal.SIGKILL)
     victim.wait()
@@ -182,17 +186,7 @@ def test_upsert_to_supertable_survives_a_killed_taskmanager_like_a_clean_run(clu
     uri = str(tmp_path / "killed")
     result = run(uri, _options(cluster))
     victim = cluster.taskmanagers[-1]
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        jobs = [j for j in cluster.rest("/jobs")["jobs"] if j["status"] == "RUNNING"]
-        if jobs:
-            job_id = jobs[0]["id"]
-            tasks = cluster.rest(f"/jobs/{job_id}")["status-counts"]
-            if tasks.get("RUNNING", 0) + tasks.get("FINISHED", 0) > 0:
-                break
-        time.sleep(0.2)
-    else:
-        pytest.fail("the job never started running on the cluster")
+    job_id = _wait_until_running(cluster)
     try:
         assert Supertable.open(uri).frontier is None   # nothing applied yet: truly mid-job
     except FileNotFoundError:
