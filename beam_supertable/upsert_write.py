@@ -709,6 +709,7 @@ class _CommitStream(beam.DoFn):
 
     BUFFER = BagStateSpec("buffer", coders.FastPrimitivesCoder())
     PIN = ReadModifyWriteStateSpec("pin", coders.FastPrimitivesCoder())
+    FRONT = ReadModifyWriteStateSpec("front", coders.FastPrimitivesCoder())
     FLUSH = TimerSpec("flush", TimeDomain.WATERMARK)
 
     def __init__(self, settings: _Settings) -> None:
@@ -731,7 +732,8 @@ class _CommitStream(beam.DoFn):
 
     @on_timer(FLUSH)
     def commit_due(self, fired_at=beam.DoFn.TimestampParam,
-                   buffer=beam.DoFn.StateParam(BUFFER), pinned=beam.DoFn.StateParam(PIN)):
+                   buffer=beam.DoFn.StateParam(BUFFER), pinned=beam.DoFn.StateParam(PIN),
+                   front=beam.DoFn.StateParam(FRONT)):
         now = fired_at.micros
         due, pending = [], []
         for entry in buffer.read():
@@ -746,10 +748,19 @@ class _CommitStream(beam.DoFn):
         rows = [e[3] for e in latest.values() if e[1] == PUT]
         entries, stamp = table.write_superfiles(rows) if rows else ([], {})
         keys = _key_table(list(latest), table.user_schema, table.primary_key)
-        frontier = max(now + 1, table.frontier or 0)
+        # Late commands (a slot below what this job already committed) keep
+        # the job's frontier; another writer's higher frontier is not taken
+        # over: the commit then fails (FrontierError) instead of landing
+        # changes below a frontier that says they are in.
+        own = front.read()
+        if own is None:
+            own = Supertable.open(self._s.uri, version=pin[0],
+                                  storage_options=self._s.storage_options).frontier or 0
+        frontier = max(now + 1, own)
         result = _commit(self._s, entries=list(entries), keys=keys, frontier=frontier,
                          token=f"{self._s.job_id or 'upsert'}/{pin[1]}/{now + 1}",
                          base_version=pin[0], stamp=stamp.get("grid"))
+        front.write(frontier)
         buffer.clear()
         for entry in pending:
             buffer.add(entry)

@@ -258,6 +258,41 @@ def test_unbounded_commits_per_firing_and_restart_resumes_from_the_frontier(tmp_
     assert Supertable.open(restarted).frontier == 7 * S
 
 
+class _SecondWriter(beam.DoFn):
+    """Between a stream's first and second firing, another writer moves the
+    table's frontier far ahead (a second job on the same table)."""
+
+    def __init__(self, uri):
+        self._uri = uri
+
+    def process(self, command, ts=beam.DoFn.TimestampParam):
+        if int(ts.micros) == 2 * S and command.key == 0:
+            Supertable.open(self._uri).upsert([_row(99, "other job")], frontier=100 * S)
+        yield beam.window.TimestampedValue(command, ts)
+
+
+def test_a_second_writer_moving_the_frontier_ahead_fails_the_stream_not_the_table(tmp_path):
+    # The README's "one job per table": a firing whose frontier falls behind
+    # the table's commits nothing (FrontierError), so no change lands below a
+    # frontier that says it is already in.
+    uri = str(tmp_path / "t")
+    Supertable.create(uri, SCHEMA, primary_key="id")
+    stream = TestStream()
+    for t in (1, 2, 3):
+        stream = stream.add_elements(_commands([i for i in STREAM if i[3] == t]))
+        stream = stream.advance_watermark_to(t + 1)
+    p = TestPipeline(options=PipelineOptions(streaming=True))
+    _ = (p | stream.advance_watermark_to_infinity() | beam.ParDo(_SecondWriter(uri))
+         | UpsertToSupertable(uri, schema=SCHEMA, primary_key="id"))
+    with pytest.raises(Exception, match="FrontierError|frontier"):
+        p.run().wait_until_finish()
+    t = Supertable.open(uri)
+    assert t.frontier == 100 * S
+    assert all(v.frontier is None or v.frontier <= 2 * S or v.frontier == 100 * S
+               for v in (t.checkout(n) for n in range(t.version + 1)))
+    assert all(r["id"] == 99 or r["name"].endswith("-1") for r in _table(uri))
+
+
 # -- a reference model ------------------------------------------------------------------
 _cmd = st.tuples(st.integers(0, 6), st.booleans(), st.integers(0, 4))   # key, delete?, time
 
