@@ -171,5 +171,7 @@ def test_text_search_skips_superfiles_without_the_terms(tmp_path):
         assert t.search(text="needle3", k=5)["body"].to_pylist() == ["needle3"]
         reads.append(t.io.snapshot())
     # Six superfiles cost what the one holding the term costs: the others
-    # are neither opened nor read.
-    assert reads[0] == reads[1]
+    # are neither opened nor read. (The same rows under other `_id`s encode
+    # a few bytes apart, so bytes are compared to within 2 %.)
+    assert reads[0]["requests"] == reads[1]["requests"]
+    assert abs(reads[0]["bytes"] - reads[1]["bytes"]) <= 0.02 * reads[1]["bytes"]

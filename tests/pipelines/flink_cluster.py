@@ -70,9 +70,17 @@ class FlinkCluster:
             "taskmanager.numberOfTaskSlots": self.slots,
             "parallelism.default": self.slots,
             # A failed task restarts the job (Beam sets no strategy of its own).
-            "restart-strategy.type": "fixed-delay",
-            "restart-strategy.fixed-delay.attempts": self.restart_attempts,
-            "restart-strategy.fixed-delay.delay": "1 s",
+            # Exponential delay, not fixed delay: a killed TaskManager fails
+            # every pipelined region it ran at once, and fixed-delay counts
+            # each region as an attempt (a job with many stages used up three
+            # attempts on one kill); since Flink 1.19 (FLIP-364) exponential
+            # delay counts the failures inside one backoff as one attempt.
+            "restart-strategy.type": "exponential-delay",
+            "restart-strategy.exponential-delay.initial-backoff": "1 s",
+            "restart-strategy.exponential-delay.max-backoff": "10 s",
+            "restart-strategy.exponential-delay.backoff-multiplier": 2.0,
+            "restart-strategy.exponential-delay.attempts-before-reset-backoff":
+                self.restart_attempts,
             # A killed TaskManager is noticed within seconds, not the default 50 s.
             "heartbeat.interval": 2000,
             "heartbeat.timeout": 10000,

@@ -27,7 +27,7 @@ def cluster(tmp_path_factory):
     jar = flink.job_server_jar()
     lib = os.path.join(os.path.dirname(jar), "beam-flink-job-server-lib")
     work = str(tmp_path_factory.mktemp("flink-cluster"))
-    c = FlinkCluster(lib, work, slots=2, restart_attempts=3)
+    c = FlinkCluster(lib, work, slots=2, restart_attempts=6)
     try:
         c.start()
         print(f"\nFlink standalone cluster at {c.master} (logs in {work})")
