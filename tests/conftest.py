@@ -25,14 +25,14 @@ def s3_server():
     """A moto standalone S3 server process on 127.0.0.1.
 
     MinIO is AGPL-licensed and its module is not one this project may build
-    here, so the fixture runs moto's server (``moto_server``), a separate OS
-    process speaking the S3 protocol, conditional writes included.
+    here, so the fixture runs moto's server, a separate OS process speaking
+    the S3 protocol, conditional writes included; ``tests/s3_server.py`` makes
+    those atomic as on S3 (moto checks, then writes, on a threaded server).
     """
     port = _free_port()
-    exe = os.path.join(os.path.dirname(sys.executable), "moto_server")
-    cmd = [exe] if os.path.exists(exe) else [sys.executable, "-m", "moto.server"]
-    proc = subprocess.Popen(cmd + ["-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([sys.executable, "-m", "tests.s3_server", "127.0.0.1", str(port)],
+                            cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint = f"http://127.0.0.1:{port}"
     deadline = time.time() + 30
     while time.time() < deadline:

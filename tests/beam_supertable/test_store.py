@@ -136,3 +136,41 @@ def test_s3_objects_created_elsewhere_are_seen_after_a_listing(s3_server, s3_buc
     assert here.exists("v/1") and here.head("v/1").size == 3
     assert here.get("v/1") == b"one"
     assert [o.path for o in here.list("v")] == ["v/0", "v/1"]
+
+
+@pytest.mark.s3
+def test_s3_racing_creates_have_exactly_one_winner_per_object(s3_server, s3_bucket):
+    # The commit protocol rests on this: of N writers creating one object,
+    # exactly one succeeds. Each writer has its own client, as processes do;
+    # many objects, because a check-then-write server loses only some races,
+    # and bodies of 64 KiB, which widen the window between the two.
+    import threading
+
+    from tests.conftest import s3_options
+
+    options = {**s3_options(s3_server), "skip_instance_cache": True}
+    stores = [ObjectStore(f"s3://{s3_bucket}/race", options) for _ in range(6)]
+    winners = {k: [] for k in range(30)}
+    barrier = threading.Barrier(len(stores))
+
+    def body(i):
+        return f"writer {i}".encode().ljust(1 << 16, b".")
+
+    def create(i):
+        for k in range(30):
+            barrier.wait()
+            try:
+                stores[i].put_if_absent(f"v/{k}.json", body(i))
+                winners[k].append(i)
+            except AlreadyExists:
+                pass
+
+    threads = [threading.Thread(target=create, args=(i,)) for i in range(len(stores))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    doubled = {k: w for k, w in winners.items() if len(w) != 1}
+    assert not doubled, f"objects created by more than one writer (or none): {doubled}"
+    for k, (w,) in winners.items():
+        assert stores[0].get(f"v/{k}.json") == body(w)
