@@ -113,7 +113,6 @@ def test_columnar_sub_microsecond_time_refuses_the_row_not_the_table():
     assert len(result.invalid) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="a token that left the recent-token window before the rerun's base is not found (no durable token index)")
 @pytest.mark.slow
 def test_a_rerun_of_a_bounded_job_after_129_tokened_commits_is_deduplicated(tmp_path):
     """README: "a rerun of the same job (same job_id) never commits twice". The rerun's
