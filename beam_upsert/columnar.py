@@ -727,6 +727,8 @@ def _paired(changes: pa.Table) -> int:
     if n < 2:
         return 0
     k = changes["key"].combine_chunks()
+    if pa.types.is_floating(k.type):
+        k = _float_key_codes(k)   # -0.0 and 0.0 are two keys
     t = changes["time"].to_numpy()
     d = changes["diff"].to_numpy()
     same = pc.equal(k.slice(1), k.slice(0, n - 1)).to_numpy(zero_copy_only=False)
