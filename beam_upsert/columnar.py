@@ -15,7 +15,8 @@ The rules are the row API's (:mod:`beam_upsert.model`), applied to the same
 Python values: rows with a null key, offset or time, a NaN or infinite float
 key, a NaN offset, or a time that is not whole microseconds are refused
 (``invalid``); float keys are one key exactly when their bits are (so -0.0
-and 0.0 are two keys, as Beam's grouping by encoded bytes makes them); equal offsets at one key and time pick their winner by
+and 0.0 are two keys, as Beam's grouping by encoded bytes makes them); equal
+offsets at one key and time pick their winner by
 :func:`beam_upsert.model.value_order_key`; duplicate snapshot keys keep the
 same value the row API keeps and report the others. Batches may differ in
 their offset type: a key whose commands come with more than one (integers and
