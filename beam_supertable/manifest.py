@@ -805,7 +805,6 @@ class Manifest:
                 doc = self._rebase(base, attempt_req, own_part)
                 if req.token is not None:
                     doc["commit"]["fingerprint"] = fingerprint
-                if req.token is not None:
                     step = f"marking token {req.token!r} for version {doc['version']}"
                     self._mark_token(req.token, doc["version"])
                 step = f"creating {version_path(doc['version'])}"
