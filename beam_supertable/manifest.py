@@ -5,6 +5,9 @@ Layout under the table root::
     _supertable/versions/<N:020d>.json   version N; creating it IS the commit
     _supertable/parts/<uuid>.json        manifest parts: superfile entries, immutable
     _supertable/latest.json              hint: a recent version number (may lag)
+    _supertable/tokens/<sha256(token)>/<N:020d>.json
+                                         token marker: a commit with this token
+                                         tried to create version N (JSON, kept)
 
 A version document is JSON holding the format version, the Arrow schema
 (IPC bytes, base64), table properties, the list of manifest parts, deletion
@@ -16,7 +19,15 @@ its canonical JSON and is checked against it when read.
 Idempotency: a commit with a token that already landed is the same commit
 only if its fingerprint (``commit_fingerprint``) matches the one recorded
 with the token; then the landed version is returned (``deduplicated``),
-otherwise :class:`TokenReuseError` is raised.
+otherwise :class:`TokenReuseError` is raised. A token is looked for in the
+base's ``recent_tokens`` (the last ``RECENT_TOKENS``) and, past that window,
+through its markers: before creating version N a tokened commit creates the
+marker ``tokens/<sha256(token)>/<N>.json``, so one listing of the token's
+folder names every version its commits tried, and reading those versions
+(normally one) tells where it landed. The version, not the marker, is the
+truth: a marker whose version holds another commit lost its race. Markers
+are never vacuumed, so a token whose version was vacuumed is refused, not
+committed again.
 
 Commit cost does not grow with the table: a commit writes one new part with
 its own entries and references the base's parts unchanged; parts are merged
@@ -61,6 +72,7 @@ FORMAT_VERSION = 1
 META = "_supertable"
 VERSIONS = f"{META}/versions"
 PARTS = f"{META}/parts"
+TOKENS = f"{META}/tokens"
 HINT = f"{META}/latest.json"
 VERSION_DIGITS = 20
 
@@ -93,6 +105,21 @@ def version_of(path: str) -> Optional[int]:
     """The version number of a ``versions/<N>.json`` path, else None."""
     if not path.startswith(VERSIONS + "/"):
         return None
+    name = path.rsplit("/", 1)[-1]
+    return int(name[:-5]) if name.endswith(".json") and name[:-5].isdigit() else None
+
+
+def token_folder(token: str) -> str:
+    """Where the markers of ``token`` live (one folder per token)."""
+    return f"{TOKENS}/{hashlib.sha256(token.encode('utf-8')).hexdigest()}"
+
+
+def token_marker_path(token: str, version: int) -> str:
+    """The marker a commit with ``token`` leaves before it creates ``version``."""
+    return f"{token_folder(token)}/{version:0{VERSION_DIGITS}d}.json"
+
+
+def _marker_version(path: str) -> Optional[int]:
     name = path.rsplit("/", 1)[-1]
     return int(name[:-5]) if name.endswith(".json") and name[:-5].isdigit() else None
 
@@ -535,7 +562,52 @@ class Manifest:
                 doc = self._try_version(version)
                 if doc is not None and doc.get("commit", {}).get("token") == token:
                     return self._snapshot(doc)
+        return self._find_token_marker(token, base)
+
+    def _find_token_marker(self, token: str, base: Snapshot) -> Optional[Snapshot]:
+        """The version at or below ``base`` holding ``token``, by its markers.
+
+        One listing of the token's folder plus one read per version a commit
+        with the token tried (normally none or one): the cost does not grow
+        with the table's history. A marker above ``base`` belongs to an
+        attempt this base cannot show yet; the next round's base will.
+        """
+        markers = []
+        for info in self.store.list(token_folder(token)):
+            version = _marker_version(info.path)
+            if version is not None and version <= base.version:
+                markers.append((version, info.path))
+        for version, path in sorted(markers, reverse=True):
+            doc = self._try_version(version)
+            if doc is None:
+                raise TokenReuseError(
+                    f"{self.store.uri}: a commit with token {token!r} tried version {version}, "
+                    f"which has since been vacuumed, so whether the token landed there "
+                    f"cannot be told and this commit on version {base.version} cannot be "
+                    f"checked against it; use a fresh token",
+                    token=token, landed_version=None, base_version=base.version)
+            if doc.get("commit", {}).get("token") == token:
+                return self._snapshot(doc)
+            # Another commit holds that version: the marker's attempt lost its
+            # race for good (versions are immutable), so it can go.
+            self._drop_marker(path)
         return None
+
+    def _mark_token(self, token: str, version: int) -> None:
+        """Leaves the token's marker for ``version`` (before creating it)."""
+        try:
+            self.store.put_if_absent(token_marker_path(token, version), json.dumps(
+                {"token": token, "version": version}, sort_keys=True).encode())
+        except AlreadyExists:
+            pass  # the same token tried this version before (a retry): one marker does
+
+    def _drop_marker(self, path: str) -> None:
+        # Best effort: a stale marker costs a read of its version, never correctness.
+        try:
+            self.store.delete(path)
+        except Exception as exc:  # noqa: BLE001 - the marker is only a hint
+            _LOG.info("%s: could not remove stale token marker %s: %s",
+                      self.store.uri, path, exc)
 
     def _rebase(self, base: Snapshot, req: CommitRequest,
                 own_part: Optional[PartRef]) -> Dict[str, Any]:
@@ -733,10 +805,19 @@ class Manifest:
                 doc = self._rebase(base, attempt_req, own_part)
                 if req.token is not None:
                     doc["commit"]["fingerprint"] = fingerprint
+                    step = f"marking token {req.token!r} for version {doc['version']}"
+                    self._mark_token(req.token, doc["version"])
                 step = f"creating {version_path(doc['version'])}"
                 attempted[doc["version"]] = json.loads(_canonical(doc["commit"]))
                 self.store.put_if_absent(version_path(doc["version"]), seal(doc))
                 self._write_hint(doc["version"])
+                if req.token is not None:
+                    # The token is not at any version this call tried before
+                    # (the token check before this attempt looked): their
+                    # markers lost their races.
+                    for lost in attempted:
+                        if lost != doc["version"]:
+                            self._drop_marker(token_marker_path(req.token, lost))
                 return self._snapshot(doc)
             except AlreadyExists as exc:
                 reason, cause = "lost the race", exc
@@ -890,8 +971,10 @@ class Manifest:
         removed_versions = []
         for info in objects:
             path = info.path
-            if path in referenced or path.startswith(ids.CLAIMS + "/"):
-                continue  # id claims are kept forever: their ids may be in use
+            if path in referenced or path.startswith((ids.CLAIMS + "/", TOKENS + "/")):
+                # Id claims are kept forever (their ids may be in use), token
+                # markers too (a rerun of a vacuumed commit is refused by them).
+                continue
             if path.startswith(VERSIONS + "/"):
                 version = version_of(path)
                 if version is None:

@@ -699,6 +699,20 @@ class Supertable:
 
         return self._cache.get_or_load(("deleted",) + paths, load)
 
+    def _deleted_text(self, entry: dict) -> Tuple[np.ndarray, int]:
+        """A superfile's deleted rows and their total token length (BM25's
+        statistics count live rows only); once per set of deletion vectors."""
+        paths = tuple(self._snapshot.deletes.get(entry["id"], ()))
+        if not paths:
+            return np.zeros(0, np.int64), 0
+
+        def load():
+            gone = self._deleted_rows(entry)
+            length = text_search.deleted_length(self._reader(entry).text_index(), gone)
+            return (gone, length), gone.nbytes + 64
+
+        return self._cache.get_or_load(("deleted-text",) + paths, load)
+
     def _bloom(self, entry: dict) -> bytes:
         def load():
             bits = fts_index.bloom_bits(entry["text"]["bloom"])
@@ -807,7 +821,8 @@ class Supertable:
             fp = self._fts_props()
             txt = text_search.text_candidates(
                 entries, self.superfiles(), text, depth, fp["columns"],
-                frozenset(fp.get("stop_words", ())), self._reader, self._bloom, allowed)
+                frozenset(fp.get("stop_words", ())), self._reader, self._bloom, allowed,
+                self._deleted_text)
         results = []
         for qi in range(1 if queries is None else len(queries)):
             if txt is None:

@@ -12,8 +12,11 @@ Column conventions (names configurable):
   ``time`` (``int64`` microseconds), retraction before insertion.
 
 The rules are the row API's (:mod:`beam_upsert.model`), applied to the same
-Python values: rows with a null key, offset or time, or a NaN offset, are
-refused (``invalid``); equal offsets at one key and time pick their winner by
+Python values: rows with a null key, offset or time, a NaN or infinite float
+key, a NaN offset, or a time that is not whole microseconds are refused
+(``invalid``); float keys are one key exactly when their bits are (so -0.0
+and 0.0 are two keys, as Beam's grouping by encoded bytes makes them); equal
+offsets at one key and time pick their winner by
 :func:`beam_upsert.model.value_order_key`; duplicate snapshot keys keep the
 same value the row API keeps and report the others. Batches may differ in
 their offset type: a key whose commands come with more than one (integers and
@@ -25,7 +28,8 @@ against the key's others; every other key stays vectorized.
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+import struct
+from typing import Any, Callable, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import apache_beam as beam
 import numpy as np
@@ -40,8 +44,8 @@ from apache_beam.utils.timestamp import Timestamp
 
 from beam_upsert.metrics import UpsertCounters
 from beam_upsert.model import (
-    Change, Invalid, KeyState, apply_times, offset_class, resolve_prior, resume_micros,
-    value_order_key)
+    Change, Invalid, KeyState, apply_times, check_key, offset_class, resolve_prior,
+    resume_micros, value_order_key)
 from beam_upsert.prepare import INVALID_TAG
 
 __all__ = [
@@ -86,14 +90,15 @@ def _normalize(table: pa.Table, names: dict, *, with_time: bool = True) -> pa.Ta
             f"batch lacks column(s) {missing}; it has {table.column_names}")
     columns = {c: table.column(names[c]) for c in names}
     if with_time:
+        # Timestamps stay as they are here: a row whose time is not a whole
+        # number of microseconds is refused by _refuse_bad_rows, not the batch.
         t = columns["time"]
-        if pa.types.is_timestamp(t.type):
-            t = pc.cast(pc.cast(t, pa.timestamp("us")), pa.int64())
-        elif not pa.types.is_integer(t.type):
+        if pa.types.is_integer(t.type):
+            columns["time"] = pc.cast(t, pa.int64())
+        elif not pa.types.is_timestamp(t.type):
             raise TypeError(
                 f"column {names['time']!r} must be int64 microseconds or a "
                 f"timestamp, got {t.type}")
-        columns["time"] = pc.cast(t, pa.int64())
     if not _is_key_type(columns["key"].type):
         raise TypeError(
             f"column {names['key']!r} must hold keys that sort: integers, strings, "
@@ -105,11 +110,44 @@ def _normalize(table: pa.Table, names: dict, *, with_time: bool = True) -> pa.Ta
     return pa.table(columns)
 
 
+_MICROS_PER_UNIT = {"s": 1_000_000, "ms": 1_000, "us": 1}
+
+
+def _time_micros(column: pa.ChunkedArray) -> Tuple[pa.Array, np.ndarray, str]:
+    """Converts a time column to int64 microseconds, row by row.
+
+    Returns the micros, a mask of the rows that do not convert (a nanosecond
+    time that is not whole microseconds, or a second or millisecond time
+    beyond int64 microseconds), which keep their raw integer, and a reason
+    template for them (``{}`` is the raw integer).
+    """
+    raw = pc.cast(column, pa.int64()).combine_chunks()
+    unit = column.type.unit if pa.types.is_timestamp(column.type) else "us"
+    if unit == "us":
+        return raw, np.zeros(len(raw), dtype=bool), ""
+    values = raw.fill_null(0).to_numpy(zero_copy_only=False)
+    if unit == "ns":
+        bad = values % 1_000 != 0
+        micros = values // 1_000
+        why = "time {} ns is not a whole number of microseconds"
+    else:
+        factor = _MICROS_PER_UNIT[unit]
+        bad = np.abs(values) > np.iinfo(np.int64).max // factor
+        with np.errstate(over="ignore"):
+            micros = values * factor
+        why = f"time {{}} {unit} does not fit int64 microseconds"
+    micros = np.where(bad, values, micros)
+    nulls = raw.is_null().to_numpy(zero_copy_only=False)
+    return pa.array(micros, pa.int64(), mask=nulls), bad, why
+
+
 def _refuse_bad_rows(table: pa.Table, names: dict) -> Tuple[pa.Table, List[Invalid]]:
     """Splits off rows the row API would refuse, as :class:`Invalid` rows.
 
-    Commands need a key, an offset (not NaN) and a time; snapshot rows
-    (no ``offset`` column) need a key and a value.
+    Commands need a key, an offset (not NaN) and a time in whole
+    microseconds; snapshot rows (no ``offset`` column) need a key and a
+    value. Float keys must be finite, as :func:`beam_upsert.model.check_key`
+    requires. Returns the rows kept, their ``time`` in int64 microseconds.
     """
     is_prior = "offset" not in table.column_names
     required = ("key", "value") if is_prior else ("key", "offset", "time")
@@ -117,17 +155,29 @@ def _refuse_bad_rows(table: pa.Table, names: dict) -> Tuple[pa.Table, List[Inval
     for c in required:
         nulls = pc.is_null(table[c])
         bad = nulls if bad is None else pc.or_(bad, nulls)
-    nan = None
+    if pa.types.is_floating(table.schema.field("key").type):
+        bad = pc.or_(bad, pc.invert(pc.fill_null(pc.is_finite(table["key"]), True)))
     if not is_prior and pa.types.is_floating(table.schema.field("offset").type):
-        nan = pc.fill_null(pc.is_nan(table["offset"]), False)
-        bad = pc.or_(bad, nan)
+        bad = pc.or_(bad, pc.fill_null(pc.is_nan(table["offset"]), False))
+    inexact, why = np.zeros(table.num_rows, dtype=bool), ""
+    if not is_prior:
+        micros, inexact, why = _time_micros(table["time"])
+        table = table.set_column(table.schema.get_field_index("time"), "time", micros)
+        bad = pc.or_(bad, pa.array(inexact))
     if not (pc.sum(bad).as_py() or 0):
         return table, []
     invalid = []
-    for row in table.filter(bad).to_pylist():
+    rows = np.flatnonzero(pc.fill_null(bad, False).to_numpy(zero_copy_only=False))
+    for i, row in zip(rows, table.filter(bad).to_pylist()):
         nulls = [names[c] for c in required if row[c] is None]
-        reason = (f"null in column(s) {nulls}" if nulls
-                  else "offset is NaN, which is not orderable")
+        if nulls:
+            reason = f"null in column(s) {nulls}"
+        elif check_key(row["key"]) is not None:
+            reason = check_key(row["key"])
+        elif inexact[i]:
+            reason = why.format(row["time"])
+        else:
+            reason = "offset is NaN, which is not orderable"
         invalid.append(Invalid(row, ("prior: " if is_prior else "") + reason))
     return table.filter(pc.invert(bad)), invalid
 
@@ -164,7 +214,8 @@ def upsert_table(
         time: name of the time column (default ``"time"``).
         with_invalid: return ``UpsertTableResult(changes, invalid)`` instead
             of the changes alone. Default ``False``: refused rows (null key,
-            offset or time, NaN offset, conflicting snapshot duplicates) are
+            offset or time, non-finite float key, NaN offset, sub-microsecond
+            time, conflicting snapshot duplicates) are
             logged as a warning and left out, as the row API leaves them out.
 
     Returns:
@@ -231,21 +282,78 @@ def _upsert_tables(
              if prior_tables else None)
     if prior is not None:
         prior = prior.cast(pa.schema([("key", key_type), ("value", value_type)]))
-    empty = _empty_changes(key_type, value_type)
-    if len(tables) == 1:
-        changes, bad = _kernel(tables[0], prior, empty)
+    if not pa.types.is_floating(key_type):
+        changes, bad = _upsert_typed(tables, prior, _empty_changes(key_type, value_type))
         return changes, invalid + bad
-    keys = pa.chunked_array([pc.unique(t["key"]) for t in tables], key_type)
+    # Beam groups keys by their encoded bytes, so -0.0 and 0.0 are two keys
+    # while Arrow compares them equal: float keys run as codes of their bits.
+    tables = [_set_key(t, _float_key_codes(t["key"])) for t in tables]
+    if prior is not None:
+        prior = _set_key(prior, _float_key_codes(prior["key"]))
+    changes, bad = _upsert_typed(
+        tables, prior, _empty_changes(pa.int64(), value_type), key_of=_float_key_of)
+    return _set_key(changes, _float_keys_of(changes["key"], key_type)), invalid + bad
+
+
+def _same(key: Any) -> Any:
+    return key
+
+
+def _set_key(table: pa.Table, keys: pa.Array) -> pa.Table:
+    return table.set_column(table.schema.get_field_index("key"), "key", keys)
+
+
+_MAGNITUDE_BITS = np.int64(0x7FFFFFFFFFFFFFFF)
+
+
+def _float_key_codes(keys: Union[pa.Array, pa.ChunkedArray]) -> pa.Array:
+    """int64 codes of float keys: equal exactly when the float64 bits are, and
+    ordered as the floats are, with -0.0 just below 0.0.
+
+    Negative floats have the sign bit set; flipping their other bits turns
+    "greater magnitude" into "smaller int64". Keys are checked finite and not
+    null before they get here.
+    """
+    bits = pc.cast(keys, pa.float64()).to_numpy().view(np.int64)
+    return pa.array(np.where(bits < 0, bits ^ _MAGNITUDE_BITS, bits))
+
+
+def _float_keys_of(codes: Union[pa.Array, pa.ChunkedArray], key_type: pa.DataType) -> pa.Array:
+    """The float keys of :func:`_float_key_codes` codes, as ``key_type``."""
+    codes = codes.to_numpy()
+    bits = np.where(codes < 0, codes ^ _MAGNITUDE_BITS, codes)
+    return pc.cast(pa.array(bits.view(np.float64)), key_type)
+
+
+def _float_key_of(code: int) -> float:
+    """The float key of one :func:`_float_key_codes` code."""
+    bits = code ^ 0x7FFFFFFFFFFFFFFF if code < 0 else code
+    return struct.unpack("<d", struct.pack("<q", bits))[0]
+
+
+def _upsert_typed(
+    tables: Sequence[pa.Table], prior: Optional[pa.Table], empty: pa.Table,
+    key_of: Callable[[Any], Any] = _same,
+) -> Tuple[pa.Table, List[Invalid]]:
+    """Upserts command tables of one key and value type, one table per offset type.
+
+    ``key_of`` turns a key of the tables into the user's key (for the row
+    model and the reasons of refused rows).
+    """
+    if len(tables) == 1:
+        return _kernel(tables[0], prior, empty, key_of)
+    invalid: List[Invalid] = []
+    keys = pa.chunked_array([pc.unique(t["key"]) for t in tables], empty.schema.field("key").type)
     counts = pc.value_counts(keys)
     mixed = counts.field("values").filter(pc.greater(counts.field("counts"), 1))
     parts, mixed_rows = [], []
     for t in tables:
         in_mixed = pc.is_in(t["key"], value_set=mixed)
         mixed_rows.append(t.filter(in_mixed))
-        changes, bad = _kernel(t.filter(pc.invert(in_mixed)), prior, empty)
+        changes, bad = _kernel(t.filter(pc.invert(in_mixed)), prior, empty, key_of)
         parts.append(changes)
         invalid += bad
-    changes, bad = _row_model(mixed_rows, prior, empty)
+    changes, bad = _row_model(mixed_rows, prior, empty, key_of)
     parts.append(changes)
     invalid += bad
     out = pa.concat_tables(parts)
@@ -335,6 +443,7 @@ def _widen_offsets(t: pa.Table) -> pa.Table:
 
 def _row_model(
     tables: Sequence[pa.Table], prior: Optional[pa.Table], empty: pa.Table,
+    key_of: Callable[[Any], Any],
 ) -> Tuple[pa.Table, List[Invalid]]:
     """The row API's rule over Python values, for keys with mixed offset classes."""
     by_key: dict = {}
@@ -352,10 +461,12 @@ def _row_model(
             priors.setdefault(k, []).append(v)
     rows, invalid = {"key": [], "value": [], "diff": [], "time": []}, []
     for k, commands in by_key.items():
-        seed, conflicts = resolve_prior(k, priors.get(k, []))
-        invalid += [Invalid({"key": k, "value": c.element[1]}, c.reason) for c in conflicts]
-        applied = apply_times(KeyState(seed), commands, key=k)
-        invalid += [Invalid({"key": k, "value": v, "offset": off, "time": time}, reason)
+        user_key = key_of(k)
+        seed, conflicts = resolve_prior(user_key, priors.get(k, []))
+        invalid += [Invalid({"key": user_key, "value": c.element[1]}, c.reason)
+                    for c in conflicts]
+        applied = apply_times(KeyState(seed), commands, key=user_key)
+        invalid += [Invalid({"key": user_key, "value": v, "offset": off, "time": time}, reason)
                     for time, off, v, reason in applied.invalid]
         for at, old, new in applied.steps:
             for v, diff in ((old, -1), (new, 1)):
@@ -379,8 +490,8 @@ def _adjacent_equal(column: pa.Array) -> np.ndarray:
     return pc.equal(column.slice(1), column.slice(0, n - 1)).to_numpy(zero_copy_only=False)
 
 
-def _kernel(cmd: pa.Table, prior: Optional[pa.Table],
-            empty: pa.Table) -> Tuple[pa.Table, List[Invalid]]:
+def _kernel(cmd: pa.Table, prior: Optional[pa.Table], empty: pa.Table,
+            key_of: Callable[[Any], Any] = _same) -> Tuple[pa.Table, List[Invalid]]:
     """The vectorized upsert of command rows whose offsets share one class."""
     if cmd.num_rows == 0:
         return empty, []
@@ -407,7 +518,7 @@ def _kernel(cmd: pa.Table, prior: Optional[pa.Table],
     invalid: List[Invalid] = []
     if prior is not None and prior.num_rows:
         p = prior.filter(pc.is_in(prior["key"], value_set=pc.unique(winners["key"])))
-        p, invalid = _dedupe_prior(p)
+        p, invalid = _dedupe_prior(p, key_of)
         winners = pa.concat_tables([winners, pa.table({
             "key": p["key"], "value": p["value"],
             "time": pa.array(np.full(p.num_rows, _PRIOR_TIME, dtype=np.int64)),
@@ -438,7 +549,7 @@ def _break_ties(win: np.ndarray, tied: np.ndarray, values: pa.Array) -> np.ndarr
     return win
 
 
-def _dedupe_prior(p: pa.Table) -> Tuple[pa.Table, List[Invalid]]:
+def _dedupe_prior(p: pa.Table, key_of: Callable[[Any], Any]) -> Tuple[pa.Table, List[Invalid]]:
     """Keeps one snapshot row per key as the row API does; reports the others."""
     if p.num_rows < 2:
         return p, []
@@ -455,7 +566,7 @@ def _dedupe_prior(p: pa.Table) -> Tuple[pa.Table, List[Invalid]]:
         end = start + 1
         while end < len(same) and same[end]:
             end += 1
-        key = keys[start].as_py()
+        key = key_of(keys[start].as_py())
         candidates = values.slice(start, end - start + 1).to_pylist()
         _, conflicts = resolve_prior(key, candidates)
         invalid += [Invalid({"key": key, "value": c.element[1]}, c.reason) for c in conflicts]
@@ -617,6 +728,8 @@ def _paired(changes: pa.Table) -> int:
     if n < 2:
         return 0
     k = changes["key"].combine_chunks()
+    if pa.types.is_floating(k.type):
+        k = _float_key_codes(k)   # -0.0 and 0.0 are two keys
     t = changes["time"].to_numpy()
     d = changes["diff"].to_numpy()
     same = pc.equal(k.slice(1), k.slice(0, n - 1)).to_numpy(zero_copy_only=False)

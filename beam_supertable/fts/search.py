@@ -29,7 +29,8 @@ def text_candidates(entries: Sequence[dict], collection: Sequence[dict], query: 
                     fts_columns: Sequence[str], stop_words,
                     reader_of: Callable[[dict], SuperfileReader],
                     bloom_of: Callable[[dict], bytes],
-                    allowed: Optional[Callable[[int, np.ndarray], np.ndarray]] = None
+                    allowed: Optional[Callable[[int, np.ndarray], np.ndarray]] = None,
+                    deleted_of: Optional[Callable[[dict], Tuple[np.ndarray, int]]] = None,
                     ) -> List[Tuple[float, int, int]]:
     """BM25 top ``k`` as (score, superfile, row), best first; superfile indexes ``entries``.
 
@@ -37,28 +38,38 @@ def text_candidates(entries: Sequence[dict], collection: Sequence[dict], query: 
         entries: the superfiles to search (those a filter left).
         collection: every superfile of the version. BM25's collection
             statistics (rows, average length, each term's document
-            frequency) sum over all of them, so a row's score does not
-            depend on how the rows were split into superfiles or on what a
-            filter or the bloom filters skip.
+            frequency) sum over their live rows, so a row's score does not
+            depend on how the rows were split into superfiles, on what a
+            filter or the bloom filters skip, or on whether deleted rows
+            are still in the superfiles (before ``optimize``) or gone.
         reader_of: opens a superfile (only those that may hold a term).
         bloom_of: a superfile's decoded term bloom filter.
         allowed: ``allowed(superfile, rows) -> mask`` of rows that may be
             returned (filter and deletes), or None for all.
+        deleted_of: a superfile's deleted rows (sorted, unique) and their
+            total token length (see :func:`deleted_length`); None when no
+            row is deleted anywhere. Their share of the statistics is taken
+            off: rows, length, and from each query term's postings.
     """
     terms, required, phrases = parse_query(query, stop_words)
     if not terms or not entries:
         return []
     n_docs = sum(e["text"]["rows"] for e in collection)
     total = sum(e["text"]["total_length"] for e in collection)
-    avg = total / n_docs if n_docs else 0.0
     df = {t: 0 for t in terms}
     for e in collection:
+        gone, gone_length = deleted_of(e) if deleted_of is not None else (None, 0)
+        if gone is not None:
+            n_docs -= len(gone)
+            total -= gone_length
         bits = bloom_of(e)
         present = [t for t in terms if fts_index.bloom_may_contain(bits, t)]
         if present:
             ix = reader_of(e).text_index()
             for t in present:
-                df[t] += ix.doc_freq(t)
+                df[t] += ix.doc_freq(t) if gone is None or not len(gone) else \
+                    _live_doc_freq(ix, t, gone)
+    avg = total / n_docs if n_docs else 0.0
     # Score only superfiles that may hold every required term and some term.
     must = set(required) | {w for p in phrases for w in p}
     results: List[Tuple[float, int, int]] = []
@@ -88,6 +99,23 @@ def text_candidates(entries: Sequence[dict], collection: Sequence[dict], query: 
             results.append((score, si, row))
     results.sort(key=lambda t: (-t[0], t[1], t[2]))
     return results[:k]
+
+
+def deleted_length(ix, gone: np.ndarray) -> int:
+    """The total token length of a superfile's deleted rows ``gone``."""
+    return int(ix.lengths[gone].sum()) if len(gone) else 0
+
+
+def _live_doc_freq(ix, term: str, gone: np.ndarray) -> int:
+    """``term``'s document frequency in a superfile, its deleted rows left out."""
+    p = ix.postings(term)
+    if p is None:
+        return 0
+    rows = p[0]
+    # Both sorted: count the postings rows that are deleted by binary search.
+    at = np.searchsorted(gone, rows)
+    hit = (at < len(gone)) & (gone[np.minimum(at, len(gone) - 1)] == rows)
+    return int(len(rows) - hit.sum())
 
 
 def _superfile_top(ix, terms: Sequence[str], must, df: Dict[str, int], n_docs: int,

@@ -148,6 +148,33 @@ def test_text_search_is_the_reference_however_rows_are_split(docs, splits, query
         assert score_of[n] == pytest.approx(s, rel=1e-6)
 
 
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(docs=st.lists(st.lists(st.sampled_from("ant bee cat dog eel fox".split()),
+                              min_size=1, max_size=8).map(" ".join), min_size=1, max_size=12),
+       splits=st.integers(min_value=1, max_value=4),
+       gone=st.sets(st.integers(min_value=0, max_value=11)),
+       query=st.sampled_from(["bee", "ant +cat", "+dog +eel fox", '"ant bee"', "fox eel"]))
+def test_text_search_scores_over_the_live_rows_only(docs, splits, gone, query):
+    """Deleted rows still in their superfiles count in no BM25 statistic: the
+    scores are the reference's over the live rows alone."""
+    t = Supertable.create(f"memory://fts/{uuid.uuid4().hex}",
+                          pa.schema([("n", pa.int64()), ("body", pa.string())]),
+                          fts_columns=["body"])
+    for chunk in np.array_split(np.arange(len(docs)), min(splits, len(docs))):
+        t.append(pa.table({"n": chunk, "body": [docs[i] for i in chunk]}))
+    gone = sorted(i for i in gone if i < len(docs))
+    if gone:
+        t.delete(pc.field("n").isin(gone))
+    live = [i for i in range(len(docs)) if i not in gone]
+    got = t.search(text=query, k=len(docs))
+    if not live:
+        assert got.num_rows == 0
+        return
+    expected = [(s, live[j]) for s, j in
+                _reference_search([docs[i] for i in live], query, len(live))]
+    _assert_same_hits(got, expected)
+
+
 def test_bloom_filter_has_no_false_negatives_and_few_false_positives():
     terms = [f"term{i}" for i in range(2000)]
     bloom = bloom_build(terms)

@@ -131,6 +131,60 @@ def test_token_found_beyond_the_recent_window_with_base_version(table, table_loc
         mf.RECENT_TOKENS = window
 
 
+def test_a_token_past_the_recent_window_is_found_without_a_base_version(
+        table, table_location, monkeypatch):
+    """A rerun plans on a version after its token landed, so it has no
+    ``base_version`` at or before it: the token is found however many tokened
+    commits pushed it out of the recent window, and other rows under it are refused."""
+    from beam_supertable import manifest as mf
+    monkeypatch.setattr(mf, "RECENT_TOKENS", 3)
+    uri, options = table_location
+    m = Manifest(ObjectStore(uri, options))
+    m.commit(CommitRequest(add_entries=(_entry(0),), token="old"))
+    for i in range(6):
+        m.commit(CommitRequest(add_entries=(_entry(i + 1),), token=f"stream/{i}"))
+    again = m.commit(CommitRequest(add_entries=(_entry(0),), token="old"))
+    assert again.version == 1 and again.deduplicated
+    with pytest.raises(TokenReuseError, match="old"):
+        m.commit(CommitRequest(add_entries=(_entry(9, rows=5),), token="old"))
+    assert m.load().version == 7 and m.load().totals["superfiles"] == 7
+
+
+def test_a_token_that_lost_a_race_is_found_where_it_landed(table, table_location, monkeypatch):
+    """The first attempt's version went to another writer; the token landed on
+    the next one, and a rerun past the recent window finds it there."""
+    from beam_supertable import manifest as mf
+    monkeypatch.setattr(mf, "RECENT_TOKENS", 3)
+    uri, options = table_location
+    a, b = Manifest(ObjectStore(uri, options)), Manifest(ObjectStore(uri, options))
+    stale = a.load()
+    b.commit(CommitRequest(add_entries=(_entry(1),), token="other"))
+    landed = a.commit(CommitRequest(add_entries=(_entry(2),), token="T"), base=stale)
+    assert landed.version == 2 and not landed.deduplicated
+    for i in range(6):
+        b.commit(CommitRequest(add_entries=(_entry(i + 3),), token=f"stream/{i}"))
+    again = b.commit(CommitRequest(add_entries=(_entry(2),), token="T"))
+    assert again.version == 2 and again.deduplicated
+    assert b.load().totals["superfiles"] == 8
+
+
+def test_a_token_past_the_window_whose_version_was_vacuumed_is_refused(
+        table, table_location, monkeypatch):
+    """Whether a vacuumed version held the same rows cannot be told: refuse, never
+    commit a second time."""
+    from beam_supertable import manifest as mf
+    monkeypatch.setattr(mf, "RECENT_TOKENS", 3)
+    uri, options = table_location
+    m = Manifest(ObjectStore(uri, options))
+    m.commit(CommitRequest(add_entries=(_entry(0),), token="old"))
+    for i in range(6):
+        m.commit(CommitRequest(add_entries=(_entry(i + 1),), token=f"stream/{i}"))
+    m.vacuum(retain_versions=2, older_than=0)
+    with pytest.raises(TokenReuseError, match="vacuumed"):
+        m.commit(CommitRequest(add_entries=(_entry(0),), token="old"))
+    assert m.load().version == 7
+
+
 def test_latest_is_found_from_a_stale_or_missing_hint(table, table_location):
     uri, options = table_location
     for i in range(3):

@@ -56,7 +56,6 @@ def test_delete_token_reused_with_another_filter_is_refused(local_uri):
 
 
 # -- upsert: the columnar path must refuse what the row API refuses -----------
-@pytest.mark.xfail(strict=True, reason="the columnar path refuses null keys but not NaN or infinite float keys")
 def test_columnar_nan_key_is_refused_like_the_row_api():
     """The row API refuses a NaN key (check_key); the columnar path keeps it and, as
     NaN != NaN, treats every NaN row as a new key: +a and +b, never a retraction."""
@@ -71,7 +70,6 @@ def test_columnar_nan_key_is_refused_like_the_row_api():
     assert len(result.invalid) == 2
 
 
-@pytest.mark.xfail(strict=True, reason="Arrow treats -0.0 and 0.0 as one key; the row flavors' key encoding as two")
 def test_columnar_keys_minus_zero_and_zero_are_two_keys_as_in_the_row_api():
     """Beam groups keys by their encoded bytes: -0.0 and 0.0 are two keys there, and
     the columnar path (which documents the row API's rules) merges them into one."""
@@ -103,7 +101,6 @@ def test_a_token_that_landed_at_the_handles_own_version_is_found_past_the_window
     assert Supertable.open(local_uri).count_rows(pc.field("x") == 1) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="a ns time that is not whole microseconds fails the table's cast instead of going to invalid")
 def test_columnar_sub_microsecond_time_refuses_the_row_not_the_table():
     """``time`` may be "any timestamp type"; one ns-precision row makes the safe cast to
     µs raise ArrowInvalid for the whole table instead of going to ``invalid``."""
@@ -116,7 +113,6 @@ def test_columnar_sub_microsecond_time_refuses_the_row_not_the_table():
     assert len(result.invalid) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="a token that left the recent-token window before the rerun's base is not found (no durable token index)")
 @pytest.mark.slow
 def test_a_rerun_of_a_bounded_job_after_129_tokened_commits_is_deduplicated(tmp_path):
     """README: "a rerun of the same job (same job_id) never commits twice". The rerun's

@@ -194,11 +194,6 @@ def test_vacuum_and_inspect_name_a_retain_versions_that_is_no_int(tmp_path, bad)
     assert Supertable.open(uri).count_rows() == 3
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BM25 statistics (document count, document frequencies, average length) count "
-    "rows hidden by deletion vectors until optimize drops them physically, so the "
-    "same version's text ranking changes when optimize reclaims deleted rows "
-    "(issue 12: every read, text search included, gives the same rows before and after)"))
 def test_text_search_ranks_the_same_before_and_after_optimize_reclaims_deletes(tmp_path):
     uri = str(tmp_path / "t")
     t = Supertable.create(uri, pa.schema([("id", pa.int64()), ("s", pa.string())]),

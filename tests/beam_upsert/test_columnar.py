@@ -65,6 +65,30 @@ def test_bad_batches_and_rows_go_to_invalid():
     assert got["inserts"] == 1
 
 
+def test_batches_keep_the_row_api_key_and_time_rules():
+    """In a pipeline too: -0.0 and 0.0 are two keys (Beam groups by encoded
+    bytes), and a NaN key or a time that is not whole microseconds sends its
+    row, not its batch, to ``invalid`` with a reason naming it."""
+    commands = pa.table({
+        "key": [-0.0, 0.0, float("nan"), 2.0, 3.0],
+        "value": ["a", "b", "c", "d", "e"],
+        "offset": [1, 1, 1, 1, 1],
+        "time": pa.array([1000, 2000, 3000, 4001, 5000], pa.timestamp("ns"))})
+    prior = pa.table({"key": [0.0], "value": ["p"]})
+    p = TestPipeline()
+    result = (p | "Cmds" >> beam.Create([commands])
+              | UpsertBatches(prior=p | "Prior" >> beam.Create([prior]), n_partitions=2)
+              .with_invalid_output())
+    rows = result.changes | beam.ParDo(batches_to_changes()) | beam.Map(
+        lambda c: (repr(c.key), c.value, c.diff))   # repr tells -0.0 from 0.0
+    assert_that(rows, equal_to([("-0.0", "a", 1), ("0.0", "p", -1), ("0.0", "b", 1),
+                                ("3.0", "e", 1)]), label="changes")
+    assert_that(result.invalid | beam.Map(lambda i: i.reason), equal_to(
+        ["key nan is not a finite float",
+         "time 4001 ns is not a whole number of microseconds"]), label="invalid")
+    p.run().wait_until_finish()
+
+
 def _rows(table):
     return sorted(((r["key"], r["value"], r["diff"], r["time"]) for r in table.to_pylist()),
                   key=repr)
