@@ -74,15 +74,34 @@ def check_probe_args(where: str, nprobe, recall_target) -> None:
 
 def _pool():
     """The search threads and the BLAS controller: made once per process."""
-    global _POOL, _BLAS
+    global _POOL
     if _POOL is None:
+        blas_controller()
         with _POOL_LOCK:
             if _POOL is None:
-                from threadpoolctl import ThreadpoolController
-                _BLAS = ThreadpoolController()
                 _POOL = ThreadPoolExecutor(max_workers=SEARCH_THREADS,
                                            thread_name_prefix="supertable-search")
     return _POOL, _BLAS
+
+
+def blas_controller():
+    """The process's ``threadpoolctl`` controller (finding the BLAS libraries is slow: once)."""
+    global _BLAS
+    if _BLAS is None:
+        with _POOL_LOCK:
+            if _BLAS is None:
+                from threadpoolctl import ThreadpoolController
+                _BLAS = ThreadpoolController()
+    return _BLAS
+
+
+def one_blas_thread():
+    """A context in which BLAS runs on the calling thread only.
+
+    For the many small products of a search: a BLAS thread woken for each
+    of them waits for a core (and the caller for it) on a busy machine.
+    """
+    return blas_controller().limit(limits=1, user_api="blas")
 
 
 @dataclasses.dataclass(frozen=True)
