@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
+import math
 from typing import (
     TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Literal, Optional, Sequence, Tuple,
     Union)
@@ -875,6 +876,10 @@ class Supertable:
         if len(self._entry_cells) > 2 * self._snapshot.totals.get("superfiles", 0) + 1024:
             self._entry_cells.clear()   # (superfiles of older versions)
         by_grid = self._by_grid(entries)
+        checked: List[Tuple[int, int]] = []   # (candidates checked, allowed), per check
+        if allowed is not None:
+            allowed = _counting(allowed, checked)
+        thinned = nprobe is not None
         while len(todo):
             probes = vector_search.rank_cells(q[todo], centroids, metric, probe,
                                               bounded and calibrate.adaptive(law, sha, probe))
@@ -897,6 +902,16 @@ class Supertable:
             short = todo[(rows >= 0).sum(axis=1) < depth]
             if nprobe is not None or probe >= n_cells or allowed is None:
                 break
+            if not thinned:
+                # The law counts cells for a table of every row; a filter
+                # passing a share s of the rows near the queries leaves them
+                # in a table s times thinner, whose nearest k lie about 1/s
+                # times as many cells out: probe that many (see _thinned_nprobe).
+                thinned = True
+                wider = _thinned_nprobe(probe, n_cells, checked)
+                if wider > probe:
+                    todo, probe = np.arange(n_q), wider
+                    continue
             # A selective filter left too few rows in the probed cells: widen.
             todo, probe = short, min(n_cells, probe * 2)
         return out
@@ -1002,6 +1017,34 @@ def _best_of(parts: Sequence[Tuple[np.ndarray, np.ndarray, np.ndarray]], depth: 
     order = np.argsort(key, axis=1, kind="stable")[:, :depth]
     return (np.take_along_axis(dist, order, axis=1), np.take_along_axis(sfs, order, axis=1),
             np.take_along_axis(rows, order, axis=1))
+
+
+def _counting(allowed: Callable[[int, np.ndarray], np.ndarray], log: List[Tuple[int, int]]
+              ) -> Callable[[int, np.ndarray], np.ndarray]:
+    """``allowed`` that also logs ``(rows checked, rows passing)`` of each call."""
+    def counted(si: int, rows: np.ndarray) -> np.ndarray:
+        ok = allowed(si, rows)
+        log.append((len(rows), int(np.count_nonzero(ok))))   # (append: thread-safe)
+        return ok
+
+    return counted
+
+
+def _thinned_nprobe(probe: int, n_cells: int, checked: Sequence[Tuple[int, int]]) -> int:
+    """Cells to probe so a filter's survivors reach the recall ``probe`` cells give unfiltered.
+
+    The share ``s`` of the candidates checked (the rows nearest the queries)
+    that passed the filter estimates how thin the allowed rows are around
+    the queries; cells hold about ``s`` times fewer of them, so reaching as
+    many takes ``probe / s`` cells. None passing: every cell.
+    """
+    seen = sum(n for n, _ in checked)
+    passed = sum(p for _, p in checked)
+    if not seen or passed >= seen:
+        return probe
+    if not passed:
+        return n_cells
+    return min(n_cells, int(math.ceil(probe * seen / passed)))
 
 
 def _unique_rows(probes: np.ndarray) -> np.ndarray:
