@@ -866,7 +866,8 @@ class Supertable:
         probe = nprobe or calibrate.nprobe_for_target(law, sha, n_cells, recall_target)
         # Bounds need every row assigned to its nearest centre of this grid.
         bounded = all(e.get("grid") == sha for e in entries if e.get("cells"))
-        dense = None if filtered or not bounded else self._dense(entries, sha, n_q)
+        dense = None if filtered or not bounded else \
+            self._dense(entries, sha, n_q >= dense_mod.DENSE_MIN_QUERIES)
         if dense is not None:
             if n_q == 1:
                 return dense.search(q, nearest(q, centroids, metric, probe), depth)
@@ -916,22 +917,26 @@ class Supertable:
             todo, probe = short, min(n_cells, probe * 2)
         return out
 
-    def _dense(self, entries, sha: str, n_queries: int) -> Optional[DenseIndex]:
+    def _dense(self, entries, sha: str, batch: bool) -> Optional[DenseIndex]:
         """The table's live vectors held whole (``vector.dense``), if it is small enough.
 
-        Built on a batch (a single cold query reads only the cells it probes)
-        and kept in the handle's cache, keyed by the superfiles and their
-        deletion vectors, so any change to the rows makes a new one.
+        A batch on a small table is always answered this way (whatever the
+        handle's cache budget: one that cannot keep the index builds it for
+        each batch), so a batch gets the same answer on every handle. A
+        single query uses the index only when the handle holds it already:
+        a cold query reads the few runs it probes, not the whole table.
+        The index is kept in the handle's cache, keyed by the superfiles and
+        their deletion vectors, so any change to the rows makes a new one.
         """
         vp = self._vector_props()
         mine = [(si, e) for si, e in enumerate(entries) if e.get("cells")]
         rows = sum(int(e.get("rows", 0)) for _, e in mine)
-        if not mine or not dense_mod.usable(rows, vp["dim"], self._cache.capacity_bytes):
+        if not mine or not dense_mod.usable(rows, vp["dim"]):
             return None
         key = ("dense", sha, vp["metric"],
                tuple((e["id"], tuple(self._snapshot.deletes.get(e["id"], ()))) for _, e in mine))
         found = self._cache.get(key)
-        if found is not None or n_queries < dense_mod.DENSE_MIN_QUERIES:
+        if found is not None or not batch:
             return found
         built = dense_mod.DenseIndex.build(
             [self._reader(e) for _, e in mine], [self._deleted_rows(e) for _, e in mine],
@@ -985,6 +990,20 @@ class Supertable:
             fields.append(pa.field("_query", pa.int32()))
         if not len(rows):
             return pa.schema(fields).empty_table()
+        if not names:
+            # Ids only: each hit's id straight from its superfile's ``_id`` column.
+            ids = np.empty(len(rows), dtype=np.int64)
+            for si in np.unique(sis).tolist():
+                mask = sis == si
+                ids[mask] = self._reader(entries[si]).ids_of(rows[mask])
+            columns = {ID: pa.array(ids, self.schema.field(ID).type)}
+            if dist is not None:
+                columns["_distance"] = pa.array(dist, pa.float32())
+            if score is not None:
+                columns["_score"] = pa.array(score, pa.float32())
+            if not single:
+                columns["_query"] = pa.array(qi, pa.int32())
+            return pa.table(columns, schema=pa.schema(fields))
         parts, where = [], np.empty(len(rows), dtype=np.int64)
         base = 0
         for si in np.unique(sis).tolist():

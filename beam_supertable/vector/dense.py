@@ -8,17 +8,20 @@ slower than brute force. So a table whose live vectors are small
 (:class:`DenseIndex`, in the handle's cache), and a batch is answered with:
 
 * the queries' cells (computed by the caller, one product with the grid);
-* one product per probed cell, with every query that probes it, written into
-  a padded ``[queries, candidates]`` matrix (each query's cells side by side);
-* a vectorised top-k of that matrix: the k-th smallest of per-block minima is
-  an upper bound on each query's k-th score, and only the scores under it
-  (a few per query) are sorted.
+* one product per probed cell, with every query that probes it (the pairs
+  (query, cell) sorted by cell, so a cell's queries are one slice);
+* a cut-off per query, the k-th best score in its nearest cell (an upper
+  bound on its k-th best overall), so only the scores under it, a few per
+  query, are kept; they are sorted side by side in one padded matrix.
+
+Everything after the products is vectorised over all the queries: no
+per-query Python, no thread pool, BLAS on the calling thread.
 
 Scores are exact (fp32 rows, no codes), so there is no rerank; the winners'
 distances are computed from their rows as the metric defines them. Deleted
-rows are left out when the matrix is built (it is keyed by the deletion
-vectors of the version), so only a filter needs a per-row check, which the
-caller does on the winners and widens from.
+rows are left out when the matrix is built (the caller keys it by the
+superfiles and their deletion vectors); a filtered search takes the general
+path, which checks the filter per candidate.
 """
 
 from __future__ import annotations
@@ -30,10 +33,9 @@ import numpy as np
 from beam_supertable.superfile import vectors_of
 from beam_supertable.vector.metric import prepare
 
-DENSE_MAX_BYTES = 32 << 20      # tables whose fp32 vectors (and a norm) fit this are held whole
-DENSE_CACHE_SHARE = 8           # ... and take at most this share of the handle's cache budget
-DENSE_MIN_QUERIES = 8           # a cold table is loaded whole only for a batch this large
-TOPK_GROUPS_PER_K = 4           # _top_k: groups of columns per result wanted
+DENSE_MAX_BYTES = 8 << 20       # tables whose fp32 vectors (and a norm) fit this are held whole
+DENSE_MIN_QUERIES = 2           # a batch this large loads a table whole; a single query never
+DENSE_BLOCKWISE_MIN_MEAN = 4096  # mean scores per cell product from which each is thresholded alone
 
 
 class DenseIndex:
@@ -119,40 +121,80 @@ class DenseIndex:
         """
         n_q = len(queries)
         cells = np.asarray(cells, dtype=np.int64)
-        sizes = np.where(cells >= 0, self.sizes[np.maximum(cells, 0)], 0)
-        ends = np.cumsum(sizes, axis=1)
-        offs = ends - sizes                       # where each cell's scores start in its query's row
-        width = max(int(ends[:, -1].max()) if n_q else 0, 1)
         aug = np.empty((n_q, queries.shape[1] + 1), dtype=np.float32)
         aug[:, :-1], aug[:, -1] = queries, 1.0
-        scored = np.full((n_q, width), np.inf, dtype=np.float32)
         if n_q == 1:
             # One query: gather its rows and score them with one product.
-            mine = sizes[0] > 0
-            idx = _ranges(self.starts[cells[0, mine]], sizes[0, mine])
-            scored[0, :len(idx)] = self.cols[idx] @ aug[0]
+            mine = cells[0][cells[0] >= 0]
+            idx = _ranges(self.starts[mine], self.sizes[mine])
+            scores = self.cols[idx] @ aug[0]
+            top = np.argsort(scores, kind="stable")[:k] if len(scores) > k \
+                else np.argsort(scores, kind="stable")
+            top = top[np.isfinite(scores[top])]
+            return self._ranked(queries, np.zeros(len(top), np.int64), idx[top], n_q, k)
+        return self._ranked(queries, *self._batch(aug, cells, k), n_q, k)
+
+    def _batch(self, aug: np.ndarray, cells: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
+        """(query, entry) of each query's best ``k``, by query then score.
+
+        Pairs (query, probed cell) are sorted by cell, so each cell's queries
+        are one slice, scored with one product. A query's cut-off is the
+        k-th best score in its nearest cell (an upper bound on its k-th best
+        overall; any other cell of ``k`` rows or more gives one when the
+        nearest is smaller); only the scores under it are kept and sorted.
+        """
+        n_q, width = cells.shape
+        flat_cells = cells.ravel()
+        order = np.argsort(flat_cells, kind="stable")
+        order = order[flat_cells[order] >= 0]
+        pair_cells = flat_cells[order]
+        qs = order // width
+        lead = order % width == 0
+        firsts = np.flatnonzero(np.diff(pair_cells, prepend=-1)).tolist()
+        lasts = firsts[1:] + [len(order)]
+        aug_pairs = aug[qs]
+        starts, cols = self.starts.tolist(), self.cols
+        lens = self.sizes[pair_cells]
+        blockwise = len(order) and lens.sum() >= DENSE_BLOCKWISE_MIN_MEAN * len(firsts)
+        cut = np.full(n_q, np.inf, dtype=np.float32)
+        blocks = []
+        for lo, hi, c in zip(firsts, lasts, pair_cells[firsts].tolist()):
+            a, b = starts[c], starts[c + 1]
+            block = aug_pairs[lo:hi] @ cols[a:b].T
+            blocks.append(block)
+            if blockwise and b - a >= k:
+                mine = qs[lo:hi]
+                need = lead[lo:hi] | np.isinf(cut[mine])
+                if need.any():
+                    kth = np.partition(block[need], k - 1, axis=1)[:, k - 1]
+                    cut[mine[need]] = np.minimum(cut[mine[need]], kth)
+        if blockwise:
+            # Large products: each thresholded on its own.
+            got_q, got_v, got_e = [], [], []
+            for lo, hi, c, block in zip(firsts, lasts, pair_cells[firsts].tolist(), blocks):
+                r, col = np.nonzero(block <= cut[qs[lo:hi]][:, None])
+                got_q.append(qs[lo:hi][r])
+                got_v.append(block[r, col])
+                got_e.append(starts[c] + col)
+            q_of, vals, entries = (np.concatenate(p) for p in (got_q, got_v, got_e))
         else:
-            # Pairs (query, probed cell) sorted by cell: each cell's queries
-            # are then one slice, scored with one product, and every score's
-            # place in the padded matrix is known before the loop.
-            flat_cells = cells.ravel()
-            order = np.argsort(flat_cells, kind="stable")
-            order = order[flat_cells[order] >= 0]
-            pair_cells = flat_cells[order]
-            qs = order // cells.shape[1]
-            lens = self.sizes[pair_cells]
-            at = _ranges(qs * width + offs.ravel()[order], lens)
-            firsts = np.flatnonzero(np.diff(pair_cells, prepend=-1))
-            lasts = np.append(firsts[1:], len(order)).tolist()
-            aug_pairs = aug[qs]
-            starts, cols = self.starts.tolist(), self.cols
-            blocks = [aug_pairs[lo:hi] @ cols[starts[c]:starts[c + 1]].T
-                      for lo, hi, c in zip(firsts.tolist(), lasts, pair_cells[firsts].tolist())]
-            scored.reshape(-1)[at] = np.concatenate([b.ravel() for b in blocks])
-        q_of, pos = _top_k(scored, k)
-        slot = (offs[q_of] <= pos[:, None]).sum(axis=1) - 1
-        entries = self.starts[cells[q_of, slot]] + (pos - offs[q_of, slot])
-        return self._ranked(queries, q_of, entries, n_q, k)
+            # Small products: all the scores as one flat array, pair by pair;
+            # the cut-offs from the nearest cells' scores, side by side.
+            flat = np.concatenate([blk.ravel() for blk in blocks]) if blocks else \
+                np.zeros(0, np.float32)
+            seg = np.cumsum(lens) - lens
+            if len(order):
+                firsts_of = seg[lead]
+                n_lead = lens[lead]
+                pad = np.full((n_q, max(int(n_lead.max()), k)), np.inf, dtype=np.float32)
+                at = _ranges(firsts_of, n_lead)
+                pad[np.repeat(qs[lead], n_lead), at - np.repeat(firsts_of, n_lead)] = flat[at]
+                cut = np.partition(pad, k - 1, axis=1)[:, k - 1]
+            hit = np.flatnonzero(flat <= np.repeat(cut[qs], lens))
+            pair = np.searchsorted(seg, hit, side="right") - 1
+            q_of, vals = qs[pair], flat[hit]
+            entries = self.starts[pair_cells[pair]] + (hit - seg[pair])
+        return _top_per_query(q_of, vals, entries, n_q, k)
 
     def _ranked(self, queries, q_of, entries, n_q, k):
         """``[n_q, k]`` (distance, superfile, row) of the winners, nearest first."""
@@ -184,43 +226,30 @@ def _ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     return base + np.arange(total)
 
 
-def _top_k(scored: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
-    """(query, column) of each query's ``k`` smallest finite scores, by query then score.
-
-    The columns are dealt into ``k * TOPK_GROUPS_PER_K`` groups (column mod
-    groups); the k-th smallest of the group minima bounds each query's k-th
-    smallest score from above (k groups hold a score at most that), so only
-    the scores at or under it, a few per query, are sorted. Ties keep the
-    column order.
-    """
-    n_q, width = scored.shape
-    groups = k * TOPK_GROUPS_PER_K
-    if width >= 2 * groups:
-        per = width // groups
-        mins = scored[:, :per * groups].reshape(n_q, per, groups).min(axis=1)
-        cut = np.partition(mins, k - 1, axis=1)[:, k - 1]
-        hit = np.flatnonzero(scored <= cut[:, None])
-    else:
-        hit = np.flatnonzero(np.isfinite(scored))
-    q_of = hit // width
-    pos = hit - q_of * width
+def _top_per_query(q_of: np.ndarray, vals: np.ndarray, entries: np.ndarray, n_q: int, k: int
+                   ) -> Tuple[np.ndarray, np.ndarray]:
+    """(query, entry) of each query's ``k`` lowest finite ``vals``, by query then value."""
+    keep = np.isfinite(vals)
+    q_of, vals, entries = q_of[keep], vals[keep], entries[keep]
     if not len(q_of):
-        return q_of, pos
-    vals = scored[q_of, pos]
+        return q_of, entries
+    order = np.argsort(q_of, kind="stable")
+    q_of, vals, entries = q_of[order], vals[order], entries[order]
     counts = np.bincount(q_of, minlength=n_q)
     slot = np.arange(len(q_of)) - np.repeat(np.cumsum(counts) - counts, counts)
-    # The few selected of each query, side by side: one sort along the rows.
+    # The few kept of each query, side by side: one sort along the rows.
     pad_val = np.full((n_q, int(counts.max())), np.inf, dtype=np.float32)
-    pad_pos = np.full(pad_val.shape, -1, dtype=np.int64)
-    pad_val[q_of, slot], pad_pos[q_of, slot] = vals, pos
+    pad_ent = np.full(pad_val.shape, -1, dtype=np.int64)
+    pad_val[q_of, slot], pad_ent[q_of, slot] = vals, entries
     order = np.argsort(pad_val, axis=1, kind="stable")[:, :k]
-    top_val = np.take_along_axis(pad_val, order, 1)
-    q_of, slot = np.nonzero(np.isfinite(top_val))
-    return q_of, np.take_along_axis(pad_pos, order, 1)[q_of, slot]
+    q_of, slot = np.nonzero(np.isfinite(np.take_along_axis(pad_val, order, 1)))
+    return q_of, np.take_along_axis(pad_ent, order, 1)[q_of, slot]
 
 
-def usable(rows: int, dim: int, capacity_bytes: int) -> bool:
-    """Whether a table of ``rows`` live vectors of ``dim`` values is held whole."""
-    need = rows * (dim + 1) * 4
-    return need <= DENSE_MAX_BYTES and need * DENSE_CACHE_SHARE <= capacity_bytes
+def usable(rows: int, dim: int) -> bool:
+    """Whether a table of ``rows`` vectors of ``dim`` values is searched held whole.
 
+    Judged by the table's size alone, so that a batch's answer never
+    depends on the handle (its cache budget).
+    """
+    return rows * (dim + 1) * 4 <= DENSE_MAX_BYTES

@@ -49,6 +49,7 @@ FIRST_PROBES = 1                 # cells every query scores before bounds may sk
 
 _POOL: Optional[ThreadPoolExecutor] = None
 _BLAS = None
+_BLAS_LIBS = None   # the BLAS libraries' controllers (one_blas_thread)
 _POOL_LOCK = threading.Lock()
 
 
@@ -95,13 +96,28 @@ def blas_controller():
     return _BLAS
 
 
+@contextlib.contextmanager
 def one_blas_thread():
     """A context in which BLAS runs on the calling thread only.
 
     For the many small products of a search: a BLAS thread woken for each
     of them waits for a core (and the caller for it) on a busy machine.
+    Sets the BLAS libraries' thread counts directly (a few microseconds;
+    ``threadpoolctl``'s ``limit`` re-inspects every library each time).
     """
-    return blas_controller().limit(limits=1, user_api="blas")
+    global _BLAS_LIBS
+    if _BLAS_LIBS is None:
+        _BLAS_LIBS = blas_controller().select(user_api="blas").lib_controllers
+    saved = [(lib, lib.get_num_threads()) for lib in _BLAS_LIBS]
+    for lib, n in saved:
+        if n != 1:
+            lib.set_num_threads(1)
+    try:
+        yield
+    finally:
+        for lib, n in saved:
+            if n != 1:
+                lib.set_num_threads(n)
 
 
 @dataclasses.dataclass(frozen=True)
