@@ -1038,6 +1038,9 @@ def _best_of(parts: Sequence[Tuple[np.ndarray, np.ndarray, np.ndarray]], depth: 
             np.take_along_axis(rows, order, axis=1))
 
 
+THIN_MIN_FACTOR = 1.25   # _thinned_nprobe: probe more only if the filter passes under 80%
+
+
 def _counting(allowed: Callable[[int, np.ndarray], np.ndarray], log: List[Tuple[int, int]]
               ) -> Callable[[int, np.ndarray], np.ndarray]:
     """``allowed`` that also logs ``(rows checked, rows passing)`` of each call."""
@@ -1055,11 +1058,13 @@ def _thinned_nprobe(probe: int, n_cells: int, checked: Sequence[Tuple[int, int]]
     The share ``s`` of the candidates checked (the rows nearest the queries)
     that passed the filter estimates how thin the allowed rows are around
     the queries; cells hold about ``s`` times fewer of them, so reaching as
-    many takes ``probe / s`` cells. None passing: every cell.
+    many takes ``probe / s`` cells. None passing: every cell. A share above
+    ``1 / THIN_MIN_FACTOR`` (a few deleted rows, a filter passing nearly
+    everything) costs little recall and is not worth a second pass.
     """
     seen = sum(n for n, _ in checked)
     passed = sum(p for _, p in checked)
-    if not seen or passed >= seen:
+    if not seen or passed * THIN_MIN_FACTOR > seen:
         return probe
     if not passed:
         return n_cells

@@ -128,14 +128,14 @@ class DenseIndex:
             mine = cells[0][cells[0] >= 0]
             idx = _ranges(self.starts[mine], self.sizes[mine])
             scores = self.cols[idx] @ aug[0]
-            top = np.argsort(scores, kind="stable")[:k] if len(scores) > k \
-                else np.argsort(scores, kind="stable")
-            top = top[np.isfinite(scores[top])]
-            return self._ranked(queries, np.zeros(len(top), np.int64), idx[top], n_q, k)
-        return self._ranked(queries, *self._batch(aug, cells, k), n_q, k)
+            top = np.full((1, k), -1, dtype=np.int64)
+            best = np.argsort(scores, kind="stable")[:k]
+            top[0, :len(best)] = idx[best]
+            return self._ranked(queries, top)
+        return self._ranked(queries, self._batch(aug, cells, k))
 
-    def _batch(self, aug: np.ndarray, cells: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
-        """(query, entry) of each query's best ``k``, by query then score.
+    def _batch(self, aug: np.ndarray, cells: np.ndarray, k: int) -> np.ndarray:
+        """``[Q, k]``: the entries of each query's best ``k`` scores, best first (-1 pads).
 
         Pairs (query, probed cell) are sorted by cell, so each cell's queries
         are one slice, scored with one product. A query's cut-off is the
@@ -196,27 +196,27 @@ class DenseIndex:
             entries = self.starts[pair_cells[pair]] + (hit - seg[pair])
         return _top_per_query(q_of, vals, entries, n_q, k)
 
-    def _ranked(self, queries, q_of, entries, n_q, k):
-        """``[n_q, k]`` (distance, superfile, row) of the winners, nearest first."""
-        x = self.vectors(entries)
-        q = queries[q_of]
+    def _ranked(self, queries: np.ndarray, entries: np.ndarray
+                ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``[Q, k]`` (distance, superfile, row) of the winners ``entries`` (-1 pads), nearest first.
+
+        Distances are computed from the rows, as the metric defines them.
+        """
+        ok = entries >= 0
+        x = self.vectors(np.where(ok, entries, 0).ravel()).reshape(entries.shape + (-1,))
         if self.metric == "l2":
-            diff = x - q
-            d = np.einsum("ij,ij->i", diff, diff)
+            diff = x - queries[:, None, :]
+            d = np.einsum("qkd,qkd->qk", diff, diff)
         else:
-            dots = np.einsum("ij,ij->i", x, q)
+            dots = np.einsum("qkd,qd->qk", x, queries)
             d = 1.0 - dots if self.metric == "cosine" else -dots
-        dist = np.full((n_q, k), np.inf, dtype=np.float32)
-        ent = np.full((n_q, k), -1, dtype=np.int64)
-        counts = np.bincount(q_of, minlength=n_q)
-        slot = np.arange(len(q_of)) - np.repeat(np.cumsum(counts) - counts, counts)
-        dist[q_of, slot], ent[q_of, slot] = d, entries
+        dist = np.where(ok, d, np.inf).astype(np.float32)
         order = np.argsort(dist, axis=1, kind="stable")
-        dist, ent = np.take_along_axis(dist, order, 1), np.take_along_axis(ent, order, 1)
-        ok = ent >= 0
-        sfs = np.where(ok, self.superfile[np.maximum(ent, 0)], -1).astype(np.int64)
-        rows = np.where(ok, self.row[np.maximum(ent, 0)], -1)
-        return dist, sfs, rows
+        dist, entries = np.take_along_axis(dist, order, 1), np.take_along_axis(entries, order, 1)
+        ok = entries >= 0
+        at = np.where(ok, entries, 0)
+        return (dist, np.where(ok, self.superfile[at], -1).astype(np.int64),
+                np.where(ok, self.row[at], -1))
 
 
 def _ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -227,12 +227,13 @@ def _ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
 
 
 def _top_per_query(q_of: np.ndarray, vals: np.ndarray, entries: np.ndarray, n_q: int, k: int
-                   ) -> Tuple[np.ndarray, np.ndarray]:
-    """(query, entry) of each query's ``k`` lowest finite ``vals``, by query then value."""
+                   ) -> np.ndarray:
+    """``[n_q, k]``: each query's ``k`` entries of lowest finite ``vals``, best first (-1 pads)."""
     keep = np.isfinite(vals)
     q_of, vals, entries = q_of[keep], vals[keep], entries[keep]
+    top = np.full((n_q, k), -1, dtype=np.int64)
     if not len(q_of):
-        return q_of, entries
+        return top
     order = np.argsort(q_of, kind="stable")
     q_of, vals, entries = q_of[order], vals[order], entries[order]
     counts = np.bincount(q_of, minlength=n_q)
@@ -242,8 +243,8 @@ def _top_per_query(q_of: np.ndarray, vals: np.ndarray, entries: np.ndarray, n_q:
     pad_ent = np.full(pad_val.shape, -1, dtype=np.int64)
     pad_val[q_of, slot], pad_ent[q_of, slot] = vals, entries
     order = np.argsort(pad_val, axis=1, kind="stable")[:, :k]
-    q_of, slot = np.nonzero(np.isfinite(np.take_along_axis(pad_val, order, 1)))
-    return q_of, np.take_along_axis(pad_ent, order, 1)[q_of, slot]
+    top[:, :order.shape[1]] = np.take_along_axis(pad_ent, order, 1)
+    return top
 
 
 def usable(rows: int, dim: int) -> bool:
