@@ -17,6 +17,9 @@ never lowers recall; it pays off where cells are well separated.
 
 A batch spreads its superfiles over one module-level thread pool; a single
 query (or a one-superfile table) runs inline, with no per-call set-up.
+Small tables (``dense.DENSE_MAX_BYTES`` of vectors) answer unfiltered
+batches from their live vectors held whole instead (:mod:`dense`): there
+the fixed costs per superfile and run, not the arithmetic, were the time.
 """
 
 from __future__ import annotations
