@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
+import math
 from typing import (
     TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Literal, Optional, Sequence, Tuple,
     Union)
@@ -30,9 +31,11 @@ from beam_supertable.schema import ID, Data, conform, vector_dim
 from beam_supertable.store import ObjectStore
 from beam_supertable.superfile import VectorSpec, vectors_of
 from beam_supertable.vector import calibrate
+from beam_supertable.vector import dense as dense_mod
+from beam_supertable.vector.dense import DenseIndex
 from beam_supertable.vector import grid as grid_mod
 from beam_supertable.vector import search as vector_search
-from beam_supertable.vector.metric import check_metric, prepare
+from beam_supertable.vector.metric import check_metric, nearest, prepare
 from beam_supertable.writer import (
     TARGET_SUPERFILE_BYTES, GridAgreement, Layout, write_superfiles)
 
@@ -814,28 +817,36 @@ class Supertable:
         entries = pruned(self.superfiles(), filter, self.schema)
         allowed = self._allowed(entries, filter)
         depth = k if (queries is None or text is None) else max(k * 4, 50)
-        vec = self._vector_hits(queries, depth, nprobe, entries, allowed, recall_target) \
-            if queries is not None else None
-        txt = None
-        if text is not None:
-            fp = self._fts_props()
-            txt = text_search.text_candidates(
-                entries, self.superfiles(), text, depth, fp["columns"],
-                frozenset(fp.get("stop_words", ())), self._reader, self._bloom, allowed,
-                self._deleted_text)
-        results = []
+        vec = self._vector_hits(queries, depth, nprobe, entries, allowed, recall_target,
+                                filtered=filter is not None) if queries is not None else None
+        if text is None:
+            # Vector only: the hits stay arrays, from the search to the result table.
+            dist, sfs, rows = vec
+            qi, slot = np.nonzero(rows[:, :k] >= 0)
+            return self._materialize(entries, qi, sfs[qi, slot], rows[qi, slot], names, single,
+                                     dist=dist[qi, slot])
+        fp = self._fts_props()
+        txt = text_search.text_candidates(
+            entries, self.superfiles(), text, depth, fp["columns"],
+            frozenset(fp.get("stop_words", ())), self._reader, self._bloom, allowed,
+            self._deleted_text)
+        flat = []
         for qi in range(1 if queries is None else len(queries)):
-            if txt is None:
-                hits = [(si, row, d, None) for d, si, row in vec[qi]][:k]
-            elif vec is None:
+            if vec is None:
                 hits = [(si, row, None, s) for s, si, row in txt][:k]
             else:
-                dist = {(si, row): d for d, si, row in vec[qi]}
-                fused = text_search.rrf([[(si, row) for _, si, row in vec[qi]],
+                n = int((vec[2][qi] >= 0).sum())
+                mine = list(zip(vec[0][qi, :n].tolist(), vec[1][qi, :n].tolist(),
+                                vec[2][qi, :n].tolist()))
+                dist = {(si, row): d for d, si, row in mine}
+                fused = text_search.rrf([[(si, row) for _, si, row in mine],
                                          [(si, row) for _, si, row in txt]], k)
                 hits = [(si, row, dist.get((si, row)), s) for s, (si, row) in fused]
-            results.append((hits, entries))
-        return self._materialize(results, names, single, vector is not None, text is not None)
+            flat.extend((qi, si, row, d, s) for si, row, d, s in hits)
+        qi, sis, rows, dist, score = (list(c) for c in zip(*flat)) if flat else ([],) * 5
+        return self._materialize(
+            entries, np.array(qi, np.int64), np.array(sis, np.int64), np.array(rows, np.int64),
+            names, single, dist=dist if vec is not None else None, score=score)
 
     def _allowed(self, entries, filter):  # noqa: A002
         """None when every row passes; else ``allowed(superfile, rows) -> mask``."""
@@ -851,24 +862,40 @@ class Supertable:
 
         return allowed
 
-    def _vector_hits(self, queries, depth, nprobe, entries, allowed, recall_target=None):
+    def _vector_hits(self, queries, depth, nprobe, entries, allowed, recall_target=None,
+                     filtered=False):
+        """Each query's ``depth`` nearest rows: ``[Q, depth]`` distances (inf pads),
+        superfiles (indexes into ``entries``) and rows (-1 pads), nearest first."""
         vp = self._vector_props()
         centroids = self.grid()
+        n_q = len(queries)
+        out = (np.full((n_q, depth), np.inf, np.float32), np.full((n_q, depth), -1, np.int64),
+               np.full((n_q, depth), -1, np.int64))
         if centroids is None or not entries:
-            return [[] for _ in queries]
+            return out
         metric = vp["metric"]
         q = prepare(queries, metric)
         n_cells = len(centroids)
         sha = self._snapshot.properties["grid"]["sha256"]
         law = self._probe_law()
         probe = nprobe or calibrate.nprobe_for_target(law, sha, n_cells, recall_target)
-        out: List[list] = [[] for _ in range(len(q))]
-        todo = np.arange(len(q))
+        # Bounds need every row assigned to its nearest centre of this grid.
+        bounded = all(e.get("grid") == sha for e in entries if e.get("cells"))
+        dense = None if filtered or not bounded else \
+            self._dense(entries, sha, n_q >= dense_mod.DENSE_MIN_QUERIES)
+        if dense is not None:
+            if n_q == 1:
+                return dense.search(q, nearest(q, centroids, metric, probe), depth)
+            with vector_search.one_blas_thread():
+                return dense.search(q, nearest(q, centroids, metric, probe), depth)
+        todo = np.arange(n_q)
         if len(self._entry_cells) > 2 * self._snapshot.totals.get("superfiles", 0) + 1024:
             self._entry_cells.clear()   # (superfiles of older versions)
         by_grid = self._by_grid(entries)
-        # Bounds need every row assigned to its nearest centre of this grid.
-        bounded = all(e.get("grid") == sha for e in entries if e.get("cells"))
+        checked: List[Tuple[int, int]] = []   # (candidates checked, allowed), per check
+        if allowed is not None:
+            allowed = _counting(allowed, checked)
+        thinned = nprobe is not None
         while len(todo):
             probes = vector_search.rank_cells(q[todo], centroids, metric, probe,
                                               bounded and calibrate.adaptive(law, sha, probe))
@@ -887,16 +914,51 @@ class Supertable:
                     indexes, q[todo], sub, metric, depth, sub_allowed)
                 parts.append((dist, np.asarray(live or [0])[np.maximum(sfs, 0)], rows))
             dist, sfs, rows = parts[0] if len(parts) == 1 else _best_of(parts, depth)
-            found = (rows >= 0).sum(axis=1).tolist()
-            for qi, n, d, si, row in zip(todo.tolist(), found, dist.tolist(), sfs.tolist(),
-                                         rows.tolist()):
-                out[qi] = list(zip(d[:n], si[:n], row[:n]))
-            short = [qi for qi, n in zip(todo.tolist(), found) if n < depth]
+            out[0][todo], out[1][todo], out[2][todo] = dist, sfs, rows
+            short = todo[(rows >= 0).sum(axis=1) < depth]
             if nprobe is not None or probe >= n_cells or allowed is None:
                 break
+            if not thinned:
+                # The law counts cells for a table of every row; a filter
+                # passing a share s of the rows near the queries leaves them
+                # in a table s times thinner, whose nearest k lie about 1/s
+                # times as many cells out: probe that many (see _thinned_nprobe).
+                thinned = True
+                wider = _thinned_nprobe(probe, n_cells, checked)
+                if wider > probe:
+                    todo, probe = np.arange(n_q), wider
+                    continue
             # A selective filter left too few rows in the probed cells: widen.
-            todo, probe = np.array(short, dtype=np.int64), min(n_cells, probe * 2)
+            todo, probe = short, min(n_cells, probe * 2)
         return out
+
+    def _dense(self, entries, sha: str, batch: bool) -> Optional[DenseIndex]:
+        """The table's live vectors held whole (``vector.dense``), if it is small enough.
+
+        A batch on a small table is always answered this way (whatever the
+        handle's cache budget: one that cannot keep the index builds it for
+        each batch), so a batch gets the same answer on every handle. A
+        single query uses the index only when the handle holds it already:
+        a cold query reads the few runs it probes, not the whole table.
+        The index is kept in the handle's cache, keyed by the superfiles and
+        their deletion vectors, so any change to the rows makes a new one.
+        """
+        vp = self._vector_props()
+        mine = [(si, e) for si, e in enumerate(entries) if e.get("cells")]
+        rows = sum(int(e.get("rows", 0)) for _, e in mine)
+        if not mine or not dense_mod.usable(rows, vp["dim"]):
+            return None
+        key = ("dense", sha, vp["metric"],
+               tuple((e["id"], tuple(self._snapshot.deletes.get(e["id"], ()))) for _, e in mine))
+        found = self._cache.get(key)
+        if found is not None or not batch:
+            return found
+        built = dense_mod.DenseIndex.build(
+            [self._reader(e) for _, e in mine], [self._deleted_rows(e) for _, e in mine],
+            len(self.grid()), vp["metric"])
+        # Its superfile numbers are positions in ``mine``: make them entries'.
+        built.superfile = np.array([si for si, _ in mine], np.int64)[built.superfile]
+        return self._cache.put(key, built, built.nbytes)
 
     def _cells_of(self, entry: dict) -> frozenset:
         cells = self._entry_cells.get(entry["id"])
@@ -930,25 +992,36 @@ class Supertable:
             out.append((self._lineage[key], members))
         return out
 
-    def _materialize(self, results, names, single, with_vec, with_text) -> pa.Table:
-        """One table of hits: each superfile read once for all queries' rows."""
-        entries = results[0][1] if results else []
-        flat = [(qi, si, row, d, s) for qi, (hits, _) in enumerate(results)
-                for si, row, d, s in hits]
+    def _materialize(self, entries, qi: np.ndarray, sis: np.ndarray, rows: np.ndarray,
+                     names, single: bool, dist=None, score=None) -> pa.Table:
+        """One table of hits ``(query, superfile, row)``: each superfile read once for all
+        queries' rows; ``dist`` / ``score`` (per hit) become ``_distance`` / ``_score``."""
         fields = [self.schema.field(ID)] + [self.schema.field(c) for c in names]
-        if with_vec:
+        if dist is not None:
             fields.append(pa.field("_distance", pa.float32()))
-        if with_text:
+        if score is not None:
             fields.append(pa.field("_score", pa.float32()))
         if not single:
             fields.append(pa.field("_query", pa.int32()))
-        if not flat:
+        if not len(rows):
             return pa.schema(fields).empty_table()
-        sis = np.array([f[1] for f in flat], dtype=np.int64)
-        rows = np.array([f[2] for f in flat], dtype=np.int64)
-        parts, where = [], np.empty(len(flat), dtype=np.int64)
+        if not names:
+            # Ids only: each hit's id straight from its superfile's ``_id`` column.
+            ids = np.empty(len(rows), dtype=np.int64)
+            for si in np.unique(sis).tolist():
+                mask = sis == si
+                ids[mask] = self._reader(entries[si]).ids_of(rows[mask])
+            columns = {ID: pa.array(ids, self.schema.field(ID).type)}
+            if dist is not None:
+                columns["_distance"] = pa.array(dist, pa.float32())
+            if score is not None:
+                columns["_score"] = pa.array(score, pa.float32())
+            if not single:
+                columns["_query"] = pa.array(qi, pa.int32())
+            return pa.table(columns, schema=pa.schema(fields))
+        parts, where = [], np.empty(len(rows), dtype=np.int64)
         base = 0
-        for si in np.unique(sis):
+        for si in np.unique(sis).tolist():
             mask = sis == si
             uniq, inverse = np.unique(rows[mask], return_inverse=True)
             reader = self._reader(entries[si])
@@ -958,13 +1031,14 @@ class Supertable:
                 parts.append(pa.table({ID: reader.ids_of(uniq)}))
             where[mask] = base + inverse
             base += len(uniq)
-        table = pa.concat_tables(parts).take(pa.array(where))
-        if with_vec:
-            table = table.append_column("_distance", pa.array([f[3] for f in flat], pa.float32()))
-        if with_text:
-            table = table.append_column("_score", pa.array([f[4] for f in flat], pa.float32()))
+        table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+        table = table.take(pa.array(where))
+        if dist is not None:
+            table = table.append_column("_distance", pa.array(dist, pa.float32()))
+        if score is not None:
+            table = table.append_column("_score", pa.array(score, pa.float32()))
         if not single:
-            table = table.append_column("_query", pa.array([f[0] for f in flat], pa.int32()))
+            table = table.append_column("_query", pa.array(qi, pa.int32()))
         return table
 
 
@@ -977,6 +1051,39 @@ def _best_of(parts: Sequence[Tuple[np.ndarray, np.ndarray, np.ndarray]], depth: 
     order = np.argsort(key, axis=1, kind="stable")[:, :depth]
     return (np.take_along_axis(dist, order, axis=1), np.take_along_axis(sfs, order, axis=1),
             np.take_along_axis(rows, order, axis=1))
+
+
+THIN_MIN_FACTOR = 1.25   # _thinned_nprobe: probe more only if the filter passes under 80%
+
+
+def _counting(allowed: Callable[[int, np.ndarray], np.ndarray], log: List[Tuple[int, int]]
+              ) -> Callable[[int, np.ndarray], np.ndarray]:
+    """``allowed`` that also logs ``(rows checked, rows passing)`` of each call."""
+    def counted(si: int, rows: np.ndarray) -> np.ndarray:
+        ok = allowed(si, rows)
+        log.append((len(rows), int(np.count_nonzero(ok))))   # (append: thread-safe)
+        return ok
+
+    return counted
+
+
+def _thinned_nprobe(probe: int, n_cells: int, checked: Sequence[Tuple[int, int]]) -> int:
+    """Cells to probe so a filter's survivors reach the recall ``probe`` cells give unfiltered.
+
+    The share ``s`` of the candidates checked (the rows nearest the queries)
+    that passed the filter estimates how thin the allowed rows are around
+    the queries; cells hold about ``s`` times fewer of them, so reaching as
+    many takes ``probe / s`` cells. None passing: every cell. A share above
+    ``1 / THIN_MIN_FACTOR`` (a few deleted rows, a filter passing nearly
+    everything) costs little recall and is not worth a second pass.
+    """
+    seen = sum(n for n, _ in checked)
+    passed = sum(p for _, p in checked)
+    if not seen or passed * THIN_MIN_FACTOR > seen:
+        return probe
+    if not passed:
+        return n_cells
+    return min(n_cells, int(math.ceil(probe * seen / passed)))
 
 
 def _unique_rows(probes: np.ndarray) -> np.ndarray:

@@ -17,6 +17,9 @@ never lowers recall; it pays off where cells are well separated.
 
 A batch spreads its superfiles over one module-level thread pool; a single
 query (or a one-superfile table) runs inline, with no per-call set-up.
+Small tables (``dense.DENSE_MAX_BYTES`` of vectors) answer unfiltered
+batches from their live vectors held whole instead (:mod:`dense`): there
+the fixed costs per superfile and run, not the arithmetic, were the time.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ FIRST_PROBES = 1                 # cells every query scores before bounds may sk
 
 _POOL: Optional[ThreadPoolExecutor] = None
 _BLAS = None
+_BLAS_LIBS = None   # the BLAS libraries' controllers (one_blas_thread)
 _POOL_LOCK = threading.Lock()
 
 
@@ -74,15 +78,49 @@ def check_probe_args(where: str, nprobe, recall_target) -> None:
 
 def _pool():
     """The search threads and the BLAS controller: made once per process."""
-    global _POOL, _BLAS
+    global _POOL
     if _POOL is None:
+        blas_controller()
         with _POOL_LOCK:
             if _POOL is None:
-                from threadpoolctl import ThreadpoolController
-                _BLAS = ThreadpoolController()
                 _POOL = ThreadPoolExecutor(max_workers=SEARCH_THREADS,
                                            thread_name_prefix="supertable-search")
     return _POOL, _BLAS
+
+
+def blas_controller():
+    """The process's ``threadpoolctl`` controller (finding the BLAS libraries is slow: once)."""
+    global _BLAS
+    if _BLAS is None:
+        with _POOL_LOCK:
+            if _BLAS is None:
+                from threadpoolctl import ThreadpoolController
+                _BLAS = ThreadpoolController()
+    return _BLAS
+
+
+@contextlib.contextmanager
+def one_blas_thread():
+    """A context in which BLAS runs on the calling thread only.
+
+    For the many small products of a search: a BLAS thread woken for each
+    of them waits for a core (and the caller for it) on a busy machine.
+    Sets the BLAS libraries' thread counts directly (a few microseconds;
+    ``threadpoolctl``'s ``limit`` re-inspects every library each time).
+    """
+    global _BLAS_LIBS
+    if _BLAS_LIBS is None:
+        _BLAS_LIBS = blas_controller().select(user_api="blas").lib_controllers
+    saved = [(lib, lib.get_num_threads()) for lib in _BLAS_LIBS]
+    for lib, n in saved:
+        if n != 1:
+            lib.set_num_threads(1)
+    try:
+        yield
+    finally:
+        for lib, n in saved:
+            if n != 1:
+                lib.set_num_threads(n)
 
 
 @dataclasses.dataclass(frozen=True)
