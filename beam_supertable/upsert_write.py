@@ -35,15 +35,11 @@ frontier.
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
-import math
 import uuid
 from typing import Any, Dict, List, Literal, NamedTuple, Optional, Sequence, Tuple, Union
 
 import apache_beam as beam
-import numpy as np
 import pyarrow as pa
 from apache_beam import pvalue
 from apache_beam.coders import coders
@@ -61,12 +57,9 @@ from beam_supertable.keys import KeyBatch, check_primary_key
 from beam_supertable.lookup import KeyLookup
 from beam_supertable.mutation import Mutation
 from beam_supertable.schema import ID, conform, vector_dim
-from beam_supertable.superfile import vectors_of
 from beam_supertable.table import Supertable
-from beam_supertable.write import CommitResult
-from beam_supertable.vector import grid as grid_mod
+from beam_supertable.write import CommitResult, _TableRef, _ToBatches, build_superfiles
 from beam_supertable.vector.metric import check_metric
-from beam_supertable.writer import TARGET_SUPERFILE_BYTES, build_and_upload
 from beam_upsert.emit import step_kind
 from beam_upsert.metrics import UpsertCounters
 from beam_upsert.model import Invalid, KeyState, UpsertCommand, apply_times, check_command
@@ -78,7 +71,6 @@ Flavor = Literal["auto", "grouped", "stateful"]
 FLAVORS = ("auto", "grouped", "stateful")
 METRICS = ("l2", "cosine", "dot")
 INVALID_TAG = "invalid"
-_STATS_TAG = "stats"
 NAMESPACE = "beam_supertable"
 PUT, DEL = "put", "del"
 VALIDATE_BATCH_ROWS = 2048      # commands conformed to the schema in one Arrow call
@@ -184,15 +176,14 @@ class _Handles:
         return self._lookup
 
 
-@functools.lru_cache(maxsize=8)
-def _pinned_by(uri: str, options: str, version: int) -> Supertable:
-    return Supertable.open(uri, version=version, storage_options=json.loads(options))
+def _ref(settings: _Settings) -> _TableRef:
+    """The table as the shared write stages reach it (it exists once the run is pinned)."""
+    return _TableRef(settings.uri, settings.storage_options, keyed=True)
 
 
 def _pinned(settings: _Settings, version: int) -> Supertable:
     """A handle on the pinned version, shared by the stages of one worker process."""
-    return _pinned_by(settings.uri, json.dumps(settings.storage_options, sort_keys=True),
-                      version)
+    return _ref(settings).at(version)
 
 
 def _key_of(row: dict, names: Sequence[str]) -> Any:
@@ -506,29 +497,7 @@ class _LatestPerKey(beam.DoFn):
         yield max(changes, key=lambda c: c[0])[1]
 
 
-# -- building superfiles (bounded) -------------------------------------------------------------
-class _RowsToArrow(beam.DoFn):
-    """Changed rows (dicts, canonical) -> Arrow tables of the table's schema.
-
-    Also yields ``(rows, Arrow bytes, vectors or None)`` on ``stats``: the
-    vectors only while the pinned table has no grid (to train one).
-    """
-
-    def __init__(self, settings: _Settings) -> None:
-        self._s = settings
-
-    def process(self, rows, pin=None):
-        table = _pinned(self._s, pin["version"])
-        vp = table.properties.get("vector")
-        out = conform(self._s.uri, pa.Table.from_pylist(rows, schema=table.user_schema),
-                      table.user_schema, vp["column"] if vp else None)
-        sample = None
-        if vp is not None and table.grid() is None:
-            sample = vectors_of(out, vp["column"], vp["dim"])
-        yield pvalue.TaggedOutput(_STATS_TAG, (out.num_rows, out.nbytes, sample))
-        yield out
-
-
+# -- the commit's inputs (bounded) ---------------------------------------------------------
 class _KeysToArrow(beam.DoFn):
     """Changed keys -> Arrow tables of the key columns (what the commit resolves)."""
 
@@ -538,111 +507,6 @@ class _KeysToArrow(beam.DoFn):
     def process(self, keys, pin=None):
         table = _pinned(self._s, pin["version"])
         yield _key_table(keys, table.user_schema, table.primary_key)
-
-
-class _Stats(beam.CombineFn):
-    """Rows, Arrow bytes and a uniform sample of vectors (priority sampling)."""
-
-    def __init__(self, limit: int) -> None:
-        self._limit = limit
-
-    def create_accumulator(self):
-        return 0, 0, None, None
-
-    def _compact(self, keys, sample):
-        if keys is None or len(keys) <= self._limit:
-            return keys, sample
-        keep = np.argpartition(keys, self._limit - 1)[:self._limit]
-        return keys[keep], sample[keep]
-
-    def add_input(self, acc, stats):
-        rows, nbytes, keys, sample = acc
-        rows, nbytes, x = rows + stats[0], nbytes + stats[1], stats[2]
-        if x is not None and len(x):
-            u = np.random.random(len(x))
-            keys = u if keys is None else np.concatenate([keys, u])
-            sample = x if sample is None else np.concatenate([sample, x])
-            keys, sample = self._compact(keys, sample)
-        return rows, nbytes, keys, sample
-
-    def merge_accumulators(self, accs):
-        accs = list(accs)
-        parts = [a for a in accs if a[2] is not None]
-        keys = np.concatenate([a[2] for a in parts]) if parts else None
-        sample = np.concatenate([a[3] for a in parts]) if parts else None
-        keys, sample = self._compact(keys, sample)
-        return sum(a[0] for a in accs), sum(a[1] for a in accs), keys, sample
-
-    def extract_output(self, acc):
-        return acc[0], acc[1], acc[3]
-
-
-class _Plan(beam.DoFn):
-    """The grid (the pinned table's, or one trained on the sample) and the shard count."""
-
-    def __init__(self, settings: _Settings) -> None:
-        self._s = settings
-
-    def process(self, stats, pin=None):
-        rows, nbytes, sample = stats
-        table = _pinned(self._s, pin["version"])
-        target = table.properties.get("target_superfile_bytes", TARGET_SUPERFILE_BYTES)
-        plan = {"n_shards": max(1, math.ceil(nbytes / target)), "centroids": None,
-                "stamp": None}
-        if table.properties.get("vector"):
-            plan["centroids"], plan["stamp"] = table.grid(), table.properties.get("grid")
-            if plan["centroids"] is None and sample is not None and len(sample):
-                plan["centroids"], plan["stamp"] = table.train_grid(sample, rows)
-        yield plan
-
-
-class _KeyByShard(beam.DoFn):
-    """Splits a batch of rows by shard: ``cell % n_shards`` with a grid, else at random."""
-
-    def __init__(self, settings: _Settings) -> None:
-        self._s = settings
-
-    def process(self, table, plan=None, pin=None):
-        n = plan["n_shards"]
-        if plan["centroids"] is None:
-            yield int(np.random.randint(n)), (table, None, None)
-            return
-        t = _pinned(self._s, pin["version"])
-        vp = t.properties["vector"]
-        cells, replicas = grid_mod.assign(vectors_of(table, vp["column"], vp["dim"]),
-                                          plan["centroids"], vp["metric"],
-                                          vp.get("replica_factor", 0.0))
-        shard = cells % n
-        for s in np.unique(shard):
-            mask = shard == s
-            yield int(s), (table.filter(pa.array(mask)), cells[mask],
-                           None if replicas is None else replicas[mask])
-
-
-class _Build(beam.DoFn):
-    """One shard's rows -> one uploaded superfile -> its manifest entry."""
-
-    def __init__(self, settings: _Settings) -> None:
-        self._s = settings
-
-    def setup(self):
-        self._built = Metrics.counter(NAMESPACE, "superfiles_built")
-
-    def process(self, element, plan=None, pin=None):
-        _, parts = element
-        parts = list(parts)
-        table = _pinned(self._s, pin["version"])
-        rows = pa.concat_tables([p[0] for p in parts])
-        cells = replicas = None
-        if parts[0][1] is not None:
-            cells = np.concatenate([p[1] for p in parts])
-            if parts[0][2] is not None:
-                replicas = np.concatenate([p[2] for p in parts])
-        stamp = plan["stamp"]
-        entry = build_and_upload(table.store, rows, table.layout(), cells, replicas,
-                                 stamp["sha256"] if stamp else None)
-        self._built.inc()
-        yield entry
 
 
 def _commit(settings: _Settings, *, entries: List[dict], keys: Optional[pa.Table],
@@ -681,13 +545,15 @@ class _CommitBounded(beam.DoFn):
         self._rows = Metrics.counter(NAMESPACE, "rows_committed")
         self._deduplicated = Metrics.counter(NAMESPACE, "deduplicated_commits")
 
-    def process(self, greatest, pin=None, entries=(), keys=(), plan=None):
+    def process(self, greatest, pin=None, built=(), keys=()):
         keys = [k for k in keys if k.num_rows]
-        result = _commit(self._s, entries=list(entries),
+        result = _commit(self._s, entries=[entry for entry, _ in built],
                          keys=pa.concat_tables(keys) if keys else None,
                          frontier=int(greatest) + 1,
                          token=f"{self._s.job_id or 'upsert'}/{pin['run']}",
-                         base_version=pin["version"], stamp=(plan or {}).get("stamp"))
+                         base_version=pin["version"],
+                         # Every superfile is on the plan's grid.
+                         stamp=next((grid for _, grid in built if grid), None))
         if result is None:
             return
         if result.deduplicated:
@@ -926,19 +792,14 @@ class UpsertToSupertable(beam.PTransform):
 
     def _commit_bounded(self, commands, changes, pin):
         s = self._settings
-        arrow = (changes
-                 | "Puts" >> beam.FlatMap(lambda c: [c[2]] if c[0] == PUT else [])
-                 | "BatchRows" >> beam.BatchElements(min_batch_size=1,
-                                                     max_batch_size=ARROW_BATCH_ROWS)
-                 | "RowsToArrow" >> beam.ParDo(_RowsToArrow(s), pin).with_outputs(
-                     _STATS_TAG, main="rows"))
-        rows = arrow.rows
-        stats = arrow[_STATS_TAG] | "Stats" >> beam.CombineGlobally(_Stats(GRID_SAMPLE_ROWS))
-        plan = beam.pvalue.AsSingleton(stats | "Plan" >> beam.ParDo(_Plan(s), pin))
-        entries = (rows
-                   | "KeyByShard" >> beam.ParDo(_KeyByShard(s), plan, pin)
-                   | "GroupByShard" >> beam.GroupByKey()
-                   | "Build" >> beam.ParDo(_Build(s), plan, pin))
+        ref = _ref(s)
+        rows = (changes
+                | "Puts" >> beam.FlatMap(lambda c: [c[2]] if c[0] == PUT else [])
+                | "BatchRows" >> beam.BatchElements(min_batch_size=1,
+                                                    max_batch_size=ARROW_BATCH_ROWS)
+                | "RowsToArrow" >> beam.ParDo(_ToBatches(ref, on_invalid="fail")))
+        # The rows are canonical already: conforming them cannot fail.
+        _, built = build_superfiles(rows, ref, None, GRID_SAMPLE_ROWS, pin)
         keys = (changes
                 | "Keys" >> beam.Map(lambda c: c[1])
                 | "BatchKeys" >> beam.BatchElements(min_batch_size=1,
@@ -948,8 +809,8 @@ class UpsertToSupertable(beam.PTransform):
                     | "Times" >> beam.Map(lambda kv: kv[1][0])
                     | "Greatest" >> beam.CombineGlobally(max).without_defaults())
         return greatest | "Commit" >> beam.ParDo(
-            _CommitBounded(s), pin, beam.pvalue.AsList(entries), beam.pvalue.AsList(keys),
-            plan).with_output_types(CommitResult)
+            _CommitBounded(s), pin, beam.pvalue.AsList(built), beam.pvalue.AsList(keys)
+        ).with_output_types(CommitResult)
 
     def display_data(self):
         s = self._settings
