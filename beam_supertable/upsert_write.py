@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+import zlib
 from typing import Any, Dict, List, Literal, NamedTuple, Optional, Sequence, Tuple, Union
 
 import apache_beam as beam
@@ -71,11 +72,16 @@ Flavor = Literal["auto", "grouped", "stateful"]
 FLAVORS = ("auto", "grouped", "stateful")
 METRICS = ("l2", "cosine", "dot")
 INVALID_TAG = "invalid"
+_UNSETTLED_TAG = "unsettled"    # refused rows, invalid unless below the pinned frontier
+_TIMES_TAG = "times"            # grouped flavor: the greatest command time applied per shard
 NAMESPACE = "beam_supertable"
 PUT, DEL = "put", "del"
 VALIDATE_BATCH_ROWS = 2048      # commands conformed to the schema in one Arrow call
 LOOKUP_BATCH_KEYS = 16384       # keys whose prior rows are read back in one lookup (each
                                 # lookup reads the row groups holding them: fewer, larger)
+GROUP_SHARDS = 16               # grouped flavor: key shards; each shard's commands are
+                                # applied by one worker (its memory holds 1/16 of them)
+SHARD_PART_COMMANDS = 4096      # commands per shard list on the way to the shuffle
 ARROW_BATCH_ROWS = 4096         # changed rows per Arrow batch on the way to the builders
 GRID_SAMPLE_ROWS = 50_000       # vectors sampled to train a new table's grid
 COMMIT_SLOT_US = 1_000_000      # unbounded input: at most one commit per second of event time
@@ -208,13 +214,23 @@ class _Reason(str):
 class _Validate(beam.DoFn):
     """Commands -> ``(encoded key, (time µs, offset, row | None))``, conformed.
 
-    Malformed commands, rows that do not fit the schema and rows whose key
-    columns disagree with the command's key go to ``invalid`` with the
-    reason; commands below the pinned frontier are dropped and counted.
-    Rows come out canonical (as the table would return them), so comparing
-    a new value with the prior read back from the table is exact. Commands
-    are conformed ``VALIDATE_BATCH_ROWS`` at a time; each keeps its own
-    timestamp and window.
+    Malformed commands go to ``invalid`` with the reason. Rows that do not
+    fit the schema and rows whose key columns disagree with the command's
+    key go to ``unsettled`` as ``(command, reason)``: invalid unless they
+    fall below the pinned frontier (``_Settle``). Commands below the
+    frontier are dropped after this step (the grouped apply, or
+    ``_AttachPin``). Rows come out canonical (as the table would return
+    them), so comparing a new value with the prior read back from the table
+    is exact. Commands are conformed ``VALIDATE_BATCH_ROWS`` at a time; each
+    keeps its own timestamp and window.
+
+    Note:
+        No side input: the step fuses with the one that makes the
+        commands, so they reach a runner's shuffle only once (on a portable
+        runner such as Flink a step with a side input starts a new stage,
+        and every element would cross between the runner and the SDK
+        worker once more). The schema and key are the table's (the same in
+        every version).
     """
 
     def __init__(self, settings: _Settings) -> None:
@@ -222,24 +238,16 @@ class _Validate(beam.DoFn):
 
     def setup(self):
         self._counters = UpsertCounters()
-        self._schema = None
-
-    def start_bundle(self):
-        self._pending: List[tuple] = []
-
-    def _prepare(self, pin):
-        if self._schema is not None:
-            return
-        table = _pinned(self._s, pin["version"])
+        table = _open_or_create(self._s)
         self._schema = table.user_schema
         self._names = table.primary_key
         vp = table.properties.get("vector")
         self._vector = vp["column"] if vp else None
-        self._frontier = pin["frontier"]
 
-    def process(self, element, pin=None, ts=beam.DoFn.TimestampParam,
-                win=beam.DoFn.WindowParam):
-        self._prepare(pin)
+    def start_bundle(self):
+        self._pending: List[tuple] = []
+
+    def process(self, element, ts=beam.DoFn.TimestampParam, win=beam.DoFn.WindowParam):
         self._pending.append((element, ts, win))
         if len(self._pending) >= VALIDATE_BATCH_ROWS:
             yield from self._flush()
@@ -247,6 +255,9 @@ class _Validate(beam.DoFn):
     def finish_bundle(self):
         if self._pending:
             yield from self._flush()
+
+    def _unsettled(self, element, ts, win, reason):
+        return pvalue.TaggedOutput(_UNSETTLED_TAG, WindowedValue((element, reason), ts, [win]))
 
     def _reject(self, element, ts, win, reason):
         self._counters.invalid.inc()
@@ -260,24 +271,21 @@ class _Validate(beam.DoFn):
             if command is None:
                 yield self._reject(element, ts, win, reason)
                 continue
-            if self._frontier is not None and ts.micros < self._frontier:
-                self._counters.dropped_before_resume.inc()
-                continue
             value = command.value
             if value is not None and not isinstance(value, dict):
-                yield self._reject(element, ts, win, (
+                yield self._unsettled(element, ts, win, (
                     f"the row must be a dict of the table's columns {self._schema.names} or "
                     f"None (a delete), got {type(value).__name__}"))
                 continue
             if value is not None:
                 extra = [c for c in value if c not in self._schema.names]
                 if extra:
-                    yield self._reject(element, ts, win, (
+                    yield self._unsettled(element, ts, win, (
                         f"column(s) {extra} are not in the table schema {self._schema.names}"))
                     continue
             if len(self._names) > 1 and not (isinstance(command.key, tuple)
                                              and len(command.key) == len(self._names)):
-                yield self._reject(element, ts, win, (
+                yield self._unsettled(element, ts, win, (
                     f"key {command.key!r} must be a tuple of {len(self._names)} values, one "
                     f"per key column {self._names}"))
                 continue
@@ -293,15 +301,15 @@ class _Validate(beam.DoFn):
             if command.value is not None:
                 row, i = canonical[i], i + 1
             if isinstance(key, _Reason):
-                yield self._reject(element, ts, win, key)
+                yield self._unsettled(element, ts, win, key)
                 continue
             if isinstance(row, _Reason):
-                yield self._reject(element, ts, win, row)
+                yield self._unsettled(element, ts, win, row)
                 continue
             if row is not None:
                 held = _key_of(row, self._names)
                 if held != key:
-                    yield self._reject(element, ts, win, (
+                    yield self._unsettled(element, ts, win, (
                         f"the row's key {held!r} (column(s) {self._names}) disagrees with the "
                         f"command's key {command.key!r}"))
                     continue
@@ -363,11 +371,54 @@ class _Validate(beam.DoFn):
 
 
 # -- applying commands per key ------------------------------------------------------------
-class _ApplyGrouped(beam.DoFn):
-    """Grouped flavor: ``(key, commands)`` -> ``(PUT, key, row)`` / ``(DEL, key, None)``.
+class _Settle(beam.DoFn):
+    """Refused rows: ``Invalid`` unless below the pinned frontier (then already applied)."""
 
-    Keys are gathered ``LOOKUP_BATCH_KEYS`` at a time so their prior rows are
-    read back from the pinned version in one lookup.
+    def setup(self):
+        self._counters = UpsertCounters()
+
+    def process(self, refused, pin=None, ts=beam.DoFn.TimestampParam):
+        if pin["frontier"] is not None and ts.micros < pin["frontier"]:
+            self._counters.dropped_before_resume.inc()
+            return
+        self._counters.invalid.inc()
+        yield Invalid(*refused)
+
+
+class _ByShard(beam.DoFn):
+    """Grouped flavor: a bundle's commands -> ``(shard, [(key, time µs, offset, row)])``.
+
+    Keys go to ``GROUP_SHARDS`` shards by a hash of their encoded bytes, so
+    the shuffle moves one list per shard and bundle instead of one element
+    per command (a runner's shuffle costs per element: on Flink every
+    element crosses between the runner and the SDK worker and is sorted);
+    ``_ApplyGrouped`` groups each shard's commands by key.
+    """
+
+    def start_bundle(self):
+        self._parts: Dict[int, list] = {}
+
+    def process(self, element):
+        key, (micros, offset, row) = element
+        shard = zlib.crc32(key) % GROUP_SHARDS
+        part = self._parts.setdefault(shard, [])
+        part.append((key, micros, offset, row))
+        if len(part) >= SHARD_PART_COMMANDS:
+            yield shard, self._parts.pop(shard)
+
+    def finish_bundle(self):
+        parts, self._parts = self._parts, {}
+        for shard, part in parts.items():
+            yield window.GlobalWindows.windowed_value((shard, part))
+
+
+class _ApplyGrouped(beam.DoFn):
+    """Grouped flavor: ``(shard, parts)`` -> ``(PUT, key, row)`` / ``(DEL, key, None)``.
+
+    Commands below the pinned frontier are dropped and counted; the
+    greatest time of the others goes to ``times``. Keys are gathered
+    ``LOOKUP_BATCH_KEYS`` at a time so their prior rows are read back from
+    the pinned version in one lookup.
     """
 
     def __init__(self, settings: _Settings) -> None:
@@ -383,9 +434,24 @@ class _ApplyGrouped(beam.DoFn):
 
     def process(self, element, pin=None):
         self._version = pin["version"]
-        self._pending.append((decode_key(element[0]), list(element[1])))
-        if len(self._pending) >= LOOKUP_BATCH_KEYS:
-            yield from self._flush()
+        frontier = pin["frontier"]
+        by_key: Dict[bytes, list] = {}
+        greatest, dropped = None, 0
+        for part in element[1]:
+            for key, micros, offset, row in part:
+                if frontier is not None and micros < frontier:
+                    dropped += 1
+                    continue
+                by_key.setdefault(key, []).append((micros, offset, row))
+                greatest = micros if greatest is None or micros > greatest else greatest
+        if dropped:
+            self._counters.dropped_before_resume.inc(dropped)
+        if greatest is not None:
+            yield pvalue.TaggedOutput(_TIMES_TAG, greatest)
+        for key, commands in by_key.items():
+            self._pending.append((decode_key(key), commands))
+            if len(self._pending) >= LOOKUP_BATCH_KEYS:
+                yield from self._flush()
 
     def finish_bundle(self):
         if self._pending:
@@ -487,6 +553,20 @@ class _ApplyStateful(beam.DoFn):
         yield window.TimestampedValue(
             (PUT, key, value, pin) if value is not None else (DEL, key, None, pin),
             Timestamp(micros=at))
+
+
+class _AttachPin(beam.DoFn):
+    """Stateful flavor: drops commands below the pinned frontier; the others carry the pin."""
+
+    def setup(self):
+        self._counters = UpsertCounters()
+
+    def process(self, element, pin=None):
+        key, (micros, offset, row) = element
+        if pin["frontier"] is not None and micros < pin["frontier"]:
+            self._counters.dropped_before_resume.inc()
+            return
+        yield key, (micros, offset, row, (pin["version"], pin["run"]))
 
 
 class _LatestPerKey(beam.DoFn):
@@ -750,25 +830,27 @@ class UpsertToSupertable(beam.PTransform):
         if not isinstance(commands.windowing.windowfn, window.GlobalWindows):
             # An upsert is per key over all time: windowing must not split it.
             commands = commands | "GlobalWindow" >> beam.WindowInto(window.GlobalWindows())
-        checked = commands | "Validate" >> beam.ParDo(_Validate(s), pin).with_outputs(
-            INVALID_TAG, main="commands")
-        invalid = [checked[INVALID_TAG]]
+        checked = commands | "Validate" >> beam.ParDo(_Validate(s)).with_outputs(
+            INVALID_TAG, _UNSETTLED_TAG, main="commands")
+        invalid = [checked[INVALID_TAG],
+                   checked[_UNSETTLED_TAG] | "Settle" >> beam.ParDo(_Settle(), pin)]
         # Keys are the encoded bytes (beam_upsert.prepare): say so, so keyed
         # state and grouping use a deterministic bytes coder.
         keyed = checked.commands | "Keyed" >> beam.WindowInto(
             window.GlobalWindows()).with_output_types(Tuple[bytes, Any])
         if flavor == "grouped":
             applied = (keyed
-                       | "GroupByKey" >> beam.GroupByKey()
+                       | "ByShard" >> beam.ParDo(_ByShard()).with_output_types(Tuple[int, Any])
+                       | "GroupKeyShards" >> beam.GroupByKey()
                        | "Apply" >> beam.ParDo(_ApplyGrouped(s), pin).with_outputs(
-                           INVALID_TAG, main="changes"))
+                           INVALID_TAG, _TIMES_TAG, main="changes"))
+            times = applied[_TIMES_TAG]
         else:
-            applied = (keyed
-                       | "AttachPin" >> beam.Map(
-                           lambda kv, pin: (kv[0], kv[1] + ((pin["version"], pin["run"]),)),
-                           pin).with_output_types(Tuple[bytes, Any])
-                       | "Apply" >> beam.ParDo(_ApplyStateful(s)).with_outputs(
-                           INVALID_TAG, main="changes"))
+            pinned = keyed | "AttachPin" >> beam.ParDo(_AttachPin(), pin).with_output_types(
+                Tuple[bytes, Any])
+            applied = pinned | "Apply" >> beam.ParDo(_ApplyStateful(s)).with_outputs(
+                INVALID_TAG, main="changes")
+            times = pinned | "Times" >> beam.Map(lambda kv: kv[1][0]) if bounded else None
         invalid.append(applied[INVALID_TAG])
         changes = applied.changes
         if bounded:
@@ -779,7 +861,7 @@ class UpsertToSupertable(beam.PTransform):
                                (encode_key(c[1]), (ts.micros, c)))
                            | "GroupChanges" >> beam.GroupByKey()
                            | "Latest" >> beam.ParDo(_LatestPerKey()))
-            commits = self._commit_bounded(checked.commands, changes, pin)
+            commits = self._commit_bounded(times, changes, pin)
         else:
             commits = (changes
                        | "OneKey" >> beam.Map(lambda c: (0, c)).with_output_types(
@@ -790,7 +872,7 @@ class UpsertToSupertable(beam.PTransform):
             return commits
         return UpsertWriteResult(commits, tuple(invalid) | "Invalid" >> beam.Flatten())
 
-    def _commit_bounded(self, commands, changes, pin):
+    def _commit_bounded(self, times, changes, pin):
         s = self._settings
         ref = _ref(s)
         rows = (changes
@@ -805,9 +887,7 @@ class UpsertToSupertable(beam.PTransform):
                 | "BatchKeys" >> beam.BatchElements(min_batch_size=1,
                                                     max_batch_size=ARROW_BATCH_ROWS * 4)
                 | "KeysToArrow" >> beam.ParDo(_KeysToArrow(s), pin))
-        greatest = (commands
-                    | "Times" >> beam.Map(lambda kv: kv[1][0])
-                    | "Greatest" >> beam.CombineGlobally(max).without_defaults())
+        greatest = times | "Greatest" >> beam.CombineGlobally(max).without_defaults()
         return greatest | "Commit" >> beam.ParDo(
             _CommitBounded(s), pin, beam.pvalue.AsList(built), beam.pvalue.AsList(keys)
         ).with_output_types(CommitResult)
