@@ -12,13 +12,20 @@ prior with the per-key rule every ``beam_upsert`` flavor shares
 (:func:`beam_upsert.model.apply_times`), so the changelog semantics are
 ``Upsert``'s exactly.
 
+Bounded input, grouped flavor: each bundle's commands go to the shuffle as
+one list per key shard (``GROUP_SHARDS``), so a runner's per-element shuffle
+cost is paid per list; the apply step groups a shard's commands by key.
+Validation takes no side input and fuses with the step that makes the
+commands; the frontier drop happens after the shuffle.
+
 Bounded input lands as ONE commit: the keys whose value changed are resolved
 against the version the commit lands on (their live rows get deletion
 vectors; ``Mutation``), the rows of the keys that hold a value afterwards go
 in as new superfiles, and the commit records ``frontier`` = the greatest
-command time applied + 1 µs. Superfiles are built in parallel workers
-(sharded by vector cell, or at random), the commit step sees only their
-entries and the changed keys. A rerun of the same batch finds every command
+command time applied + 1 µs. Superfiles are built in parallel workers by the
+stages ``WriteToSupertable`` uses (``write.build_superfiles``: sharded by
+vector cell, or at random), the commit step sees only their entries and the
+changed keys. A rerun of the same batch finds every command
 below the frontier and commits nothing; a crash before the commit leaves the
 table as it was (the rerun does the work once); a crash after it leaves the
 frontier past the batch (the rerun does nothing). A retried commit bundle of
