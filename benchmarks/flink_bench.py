@@ -25,6 +25,10 @@ The ``write`` and ``upsert-table`` lines end with an order-free digest of
 the table's user columns afterwards: equal digests on both runners mean
 identical table contents.
 
+Each line also gives the job start (seconds from submitting the pipeline
+to its first bundle: on Flink ``[local]`` the job server's JVM and the
+embedded cluster starting) and items per second after it.
+
 Besides items per wall-clock second, each line gives items per CPU-second
 of the submitting process, where the DirectRunner and LOOPBACK workers run:
 on a shared machine that is the per-worker rate (EXTERNAL workers run in
@@ -122,6 +126,25 @@ def _contents(uri: str) -> str:
     return row_digest(table.to_arrow(columns=table.user_schema.names))
 
 
+class _MarkStart(beam.DoFn):
+    """Writes the wall-clock time of the job's first bundle to a file (once).
+
+    The time from submitting the pipeline to it is the job start: on Flink
+    the job server's and the cluster's start-up, before any element moves.
+    """
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+
+    def process(self, element):
+        try:
+            fd = os.open(self._path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return
+        os.write(fd, repr(time.time()).encode())
+        os.close(fd)
+
+
 class _Drain(beam.DoFn):
     def process(self, element):
         return ()
@@ -154,8 +177,10 @@ def run_case(case: str, runner: str, args) -> dict:
     try:
         if case == "upsert-table":
             _keyed_table(uri, prior)
-        t0, cpu0 = time.perf_counter(), _cpu()
+        started = os.path.join(work, "started")
+        t0, wall0, cpu0 = time.perf_counter(), time.time(), _cpu()
         with beam.Pipeline(options=options) as p:
+            _ = p | "Start" >> beam.Create([None]) | "MarkStart" >> beam.ParDo(_MarkStart(started))
             if case == "write":
                 n = SMALL_WRITE_ROWS if args.small else WRITE_ROWS
                 src = _rows_file(n)
@@ -178,12 +203,15 @@ def run_case(case: str, runner: str, args) -> dict:
                     out = cmds | Upsert(case, prior=snapshot)
                 _ = out | beam.ParDo(_Drain())
         seconds, cpu = time.perf_counter() - t0, _cpu() - cpu0
+        with open(started) as f:
+            start = float(f.read()) - wall0
         if case in ("write", "upsert-table"):
             contents = _contents(uri)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {"case": case, "runner": runner, "n": n, "seconds": seconds, "per_second": n / seconds,
-            "cpu_seconds": cpu, "per_cpu_second": n / cpu, "contents": contents}
+            "cpu_seconds": cpu, "per_cpu_second": n / cpu, "contents": contents,
+            "start_seconds": start, "after_start_per_second": n / (seconds - start)}
 
 
 def _cpu() -> float:
@@ -231,7 +259,7 @@ def main(argv=None):
     for runner in runners:
         print(f"# {runner}: {_describe(runner, args)}", flush=True)
     print(f"{'case':12s} {'runner':16s} {'items':>9s} {'seconds':>8s} {'per second':>11s} "
-          f"{'per CPU-s':>10s}  contents")
+          f"{'per CPU-s':>10s} {'start s':>8s} {'after start/s':>14s}  contents")
     for case in cases:
         for runner in runners:
             if case in ("write", "pardo", "upsert-table") and runner == "flink-streaming":
@@ -245,7 +273,8 @@ def main(argv=None):
                 continue
             r = json.loads(line[0][7:])
             print(f"{case:12s} {runner:16s} {r['n']:>9,d} {r['seconds']:>8.1f} "
-                  f"{r['per_second']:>11,.0f} {r['per_cpu_second']:>10,.0f}  "
+                  f"{r['per_second']:>11,.0f} {r['per_cpu_second']:>10,.0f} "
+                  f"{r['start_seconds']:>8.1f} {r['after_start_per_second']:>14,.0f}  "
                   f"{r['contents'] or '-'}", flush=True)
     load = os.getloadavg()[0]
     print(f"load average {load:.1f}; machine: {platform.machine()}, {os.cpu_count()} cores, python "
