@@ -12,13 +12,20 @@ prior with the per-key rule every ``beam_upsert`` flavor shares
 (:func:`beam_upsert.model.apply_times`), so the changelog semantics are
 ``Upsert``'s exactly.
 
+Bounded input, grouped flavor: each bundle's commands go to the shuffle as
+one list per key shard (``GROUP_SHARDS``), so a runner's per-element shuffle
+cost is paid per list; the apply step groups a shard's commands by key.
+Validation takes no side input and fuses with the step that makes the
+commands; the frontier drop happens after the shuffle.
+
 Bounded input lands as ONE commit: the keys whose value changed are resolved
 against the version the commit lands on (their live rows get deletion
 vectors; ``Mutation``), the rows of the keys that hold a value afterwards go
 in as new superfiles, and the commit records ``frontier`` = the greatest
-command time applied + 1 µs. Superfiles are built in parallel workers
-(sharded by vector cell, or at random), the commit step sees only their
-entries and the changed keys. A rerun of the same batch finds every command
+command time applied + 1 µs. Superfiles are built in parallel workers by the
+stages ``WriteToSupertable`` uses (``write.build_superfiles``: sharded by
+vector cell, or at random), the commit step sees only their entries and the
+changed keys. A rerun of the same batch finds every command
 below the frontier and commits nothing; a crash before the commit leaves the
 table as it was (the rerun does the work once); a crash after it leaves the
 frontier past the batch (the rerun does nothing). A retried commit bundle of
@@ -35,15 +42,12 @@ frontier.
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
-import math
 import uuid
+import zlib
 from typing import Any, Dict, List, Literal, NamedTuple, Optional, Sequence, Tuple, Union
 
 import apache_beam as beam
-import numpy as np
 import pyarrow as pa
 from apache_beam import pvalue
 from apache_beam.coders import coders
@@ -61,12 +65,9 @@ from beam_supertable.keys import KeyBatch, check_primary_key
 from beam_supertable.lookup import KeyLookup
 from beam_supertable.mutation import Mutation
 from beam_supertable.schema import ID, conform, vector_dim
-from beam_supertable.superfile import vectors_of
 from beam_supertable.table import Supertable
-from beam_supertable.write import CommitResult
-from beam_supertable.vector import grid as grid_mod
+from beam_supertable.write import CommitResult, _TableRef, _ToBatches, build_superfiles
 from beam_supertable.vector.metric import check_metric
-from beam_supertable.writer import TARGET_SUPERFILE_BYTES, build_and_upload
 from beam_upsert.emit import step_kind
 from beam_upsert.metrics import UpsertCounters
 from beam_upsert.model import Invalid, KeyState, UpsertCommand, apply_times, check_command
@@ -78,12 +79,16 @@ Flavor = Literal["auto", "grouped", "stateful"]
 FLAVORS = ("auto", "grouped", "stateful")
 METRICS = ("l2", "cosine", "dot")
 INVALID_TAG = "invalid"
-_STATS_TAG = "stats"
+_UNSETTLED_TAG = "unsettled"    # refused rows, invalid unless below the pinned frontier
+_TIMES_TAG = "times"            # grouped flavor: the greatest command time applied per shard
 NAMESPACE = "beam_supertable"
 PUT, DEL = "put", "del"
 VALIDATE_BATCH_ROWS = 2048      # commands conformed to the schema in one Arrow call
 LOOKUP_BATCH_KEYS = 16384       # keys whose prior rows are read back in one lookup (each
                                 # lookup reads the row groups holding them: fewer, larger)
+GROUP_SHARDS = 16               # grouped flavor: key shards; each shard's commands are
+                                # applied by one worker (its memory holds 1/16 of them)
+SHARD_PART_COMMANDS = 4096      # commands per shard list on the way to the shuffle
 ARROW_BATCH_ROWS = 4096         # changed rows per Arrow batch on the way to the builders
 GRID_SAMPLE_ROWS = 50_000       # vectors sampled to train a new table's grid
 COMMIT_SLOT_US = 1_000_000      # unbounded input: at most one commit per second of event time
@@ -184,15 +189,14 @@ class _Handles:
         return self._lookup
 
 
-@functools.lru_cache(maxsize=8)
-def _pinned_by(uri: str, options: str, version: int) -> Supertable:
-    return Supertable.open(uri, version=version, storage_options=json.loads(options))
+def _ref(settings: _Settings) -> _TableRef:
+    """The table as the shared write stages reach it (it exists once the run is pinned)."""
+    return _TableRef(settings.uri, settings.storage_options, keyed=True)
 
 
 def _pinned(settings: _Settings, version: int) -> Supertable:
     """A handle on the pinned version, shared by the stages of one worker process."""
-    return _pinned_by(settings.uri, json.dumps(settings.storage_options, sort_keys=True),
-                      version)
+    return _ref(settings).at(version)
 
 
 def _key_of(row: dict, names: Sequence[str]) -> Any:
@@ -217,13 +221,23 @@ class _Reason(str):
 class _Validate(beam.DoFn):
     """Commands -> ``(encoded key, (time µs, offset, row | None))``, conformed.
 
-    Malformed commands, rows that do not fit the schema and rows whose key
-    columns disagree with the command's key go to ``invalid`` with the
-    reason; commands below the pinned frontier are dropped and counted.
-    Rows come out canonical (as the table would return them), so comparing
-    a new value with the prior read back from the table is exact. Commands
-    are conformed ``VALIDATE_BATCH_ROWS`` at a time; each keeps its own
-    timestamp and window.
+    Malformed commands go to ``invalid`` with the reason. Rows that do not
+    fit the schema and rows whose key columns disagree with the command's
+    key go to ``unsettled`` as ``(command, reason)``: invalid unless they
+    fall below the pinned frontier (``_Settle``). Commands below the
+    frontier are dropped after this step (the grouped apply, or
+    ``_AttachPin``). Rows come out canonical (as the table would return
+    them), so comparing a new value with the prior read back from the table
+    is exact. Commands are conformed ``VALIDATE_BATCH_ROWS`` at a time; each
+    keeps its own timestamp and window.
+
+    Note:
+        No side input: the step fuses with the one that makes the
+        commands, so they reach a runner's shuffle only once (on a portable
+        runner such as Flink a step with a side input starts a new stage,
+        and every element would cross between the runner and the SDK
+        worker once more). The schema and key are the table's (the same in
+        every version).
     """
 
     def __init__(self, settings: _Settings) -> None:
@@ -231,24 +245,16 @@ class _Validate(beam.DoFn):
 
     def setup(self):
         self._counters = UpsertCounters()
-        self._schema = None
-
-    def start_bundle(self):
-        self._pending: List[tuple] = []
-
-    def _prepare(self, pin):
-        if self._schema is not None:
-            return
-        table = _pinned(self._s, pin["version"])
+        table = _open_or_create(self._s)
         self._schema = table.user_schema
         self._names = table.primary_key
         vp = table.properties.get("vector")
         self._vector = vp["column"] if vp else None
-        self._frontier = pin["frontier"]
 
-    def process(self, element, pin=None, ts=beam.DoFn.TimestampParam,
-                win=beam.DoFn.WindowParam):
-        self._prepare(pin)
+    def start_bundle(self):
+        self._pending: List[tuple] = []
+
+    def process(self, element, ts=beam.DoFn.TimestampParam, win=beam.DoFn.WindowParam):
         self._pending.append((element, ts, win))
         if len(self._pending) >= VALIDATE_BATCH_ROWS:
             yield from self._flush()
@@ -256,6 +262,9 @@ class _Validate(beam.DoFn):
     def finish_bundle(self):
         if self._pending:
             yield from self._flush()
+
+    def _unsettled(self, element, ts, win, reason):
+        return pvalue.TaggedOutput(_UNSETTLED_TAG, WindowedValue((element, reason), ts, [win]))
 
     def _reject(self, element, ts, win, reason):
         self._counters.invalid.inc()
@@ -269,24 +278,21 @@ class _Validate(beam.DoFn):
             if command is None:
                 yield self._reject(element, ts, win, reason)
                 continue
-            if self._frontier is not None and ts.micros < self._frontier:
-                self._counters.dropped_before_resume.inc()
-                continue
             value = command.value
             if value is not None and not isinstance(value, dict):
-                yield self._reject(element, ts, win, (
+                yield self._unsettled(element, ts, win, (
                     f"the row must be a dict of the table's columns {self._schema.names} or "
                     f"None (a delete), got {type(value).__name__}"))
                 continue
             if value is not None:
                 extra = [c for c in value if c not in self._schema.names]
                 if extra:
-                    yield self._reject(element, ts, win, (
+                    yield self._unsettled(element, ts, win, (
                         f"column(s) {extra} are not in the table schema {self._schema.names}"))
                     continue
             if len(self._names) > 1 and not (isinstance(command.key, tuple)
                                              and len(command.key) == len(self._names)):
-                yield self._reject(element, ts, win, (
+                yield self._unsettled(element, ts, win, (
                     f"key {command.key!r} must be a tuple of {len(self._names)} values, one "
                     f"per key column {self._names}"))
                 continue
@@ -302,15 +308,15 @@ class _Validate(beam.DoFn):
             if command.value is not None:
                 row, i = canonical[i], i + 1
             if isinstance(key, _Reason):
-                yield self._reject(element, ts, win, key)
+                yield self._unsettled(element, ts, win, key)
                 continue
             if isinstance(row, _Reason):
-                yield self._reject(element, ts, win, row)
+                yield self._unsettled(element, ts, win, row)
                 continue
             if row is not None:
                 held = _key_of(row, self._names)
                 if held != key:
-                    yield self._reject(element, ts, win, (
+                    yield self._unsettled(element, ts, win, (
                         f"the row's key {held!r} (column(s) {self._names}) disagrees with the "
                         f"command's key {command.key!r}"))
                     continue
@@ -372,11 +378,54 @@ class _Validate(beam.DoFn):
 
 
 # -- applying commands per key ------------------------------------------------------------
-class _ApplyGrouped(beam.DoFn):
-    """Grouped flavor: ``(key, commands)`` -> ``(PUT, key, row)`` / ``(DEL, key, None)``.
+class _Settle(beam.DoFn):
+    """Refused rows: ``Invalid`` unless below the pinned frontier (then already applied)."""
 
-    Keys are gathered ``LOOKUP_BATCH_KEYS`` at a time so their prior rows are
-    read back from the pinned version in one lookup.
+    def setup(self):
+        self._counters = UpsertCounters()
+
+    def process(self, refused, pin=None, ts=beam.DoFn.TimestampParam):
+        if pin["frontier"] is not None and ts.micros < pin["frontier"]:
+            self._counters.dropped_before_resume.inc()
+            return
+        self._counters.invalid.inc()
+        yield Invalid(*refused)
+
+
+class _ByShard(beam.DoFn):
+    """Grouped flavor: a bundle's commands -> ``(shard, [(key, time µs, offset, row)])``.
+
+    Keys go to ``GROUP_SHARDS`` shards by a hash of their encoded bytes, so
+    the shuffle moves one list per shard and bundle instead of one element
+    per command (a runner's shuffle costs per element: on Flink every
+    element crosses between the runner and the SDK worker and is sorted);
+    ``_ApplyGrouped`` groups each shard's commands by key.
+    """
+
+    def start_bundle(self):
+        self._parts: Dict[int, list] = {}
+
+    def process(self, element):
+        key, (micros, offset, row) = element
+        shard = zlib.crc32(key) % GROUP_SHARDS
+        part = self._parts.setdefault(shard, [])
+        part.append((key, micros, offset, row))
+        if len(part) >= SHARD_PART_COMMANDS:
+            yield shard, self._parts.pop(shard)
+
+    def finish_bundle(self):
+        parts, self._parts = self._parts, {}
+        for shard, part in parts.items():
+            yield window.GlobalWindows.windowed_value((shard, part))
+
+
+class _ApplyGrouped(beam.DoFn):
+    """Grouped flavor: ``(shard, parts)`` -> ``(PUT, key, row)`` / ``(DEL, key, None)``.
+
+    Commands below the pinned frontier are dropped and counted; the
+    greatest time of the others goes to ``times``. Keys are gathered
+    ``LOOKUP_BATCH_KEYS`` at a time so their prior rows are read back from
+    the pinned version in one lookup.
     """
 
     def __init__(self, settings: _Settings) -> None:
@@ -392,9 +441,24 @@ class _ApplyGrouped(beam.DoFn):
 
     def process(self, element, pin=None):
         self._version = pin["version"]
-        self._pending.append((decode_key(element[0]), list(element[1])))
-        if len(self._pending) >= LOOKUP_BATCH_KEYS:
-            yield from self._flush()
+        frontier = pin["frontier"]
+        by_key: Dict[bytes, list] = {}
+        greatest, dropped = None, 0
+        for part in element[1]:
+            for key, micros, offset, row in part:
+                if frontier is not None and micros < frontier:
+                    dropped += 1
+                    continue
+                by_key.setdefault(key, []).append((micros, offset, row))
+                greatest = micros if greatest is None or micros > greatest else greatest
+        if dropped:
+            self._counters.dropped_before_resume.inc(dropped)
+        if greatest is not None:
+            yield pvalue.TaggedOutput(_TIMES_TAG, greatest)
+        for key, commands in by_key.items():
+            self._pending.append((decode_key(key), commands))
+            if len(self._pending) >= LOOKUP_BATCH_KEYS:
+                yield from self._flush()
 
     def finish_bundle(self):
         if self._pending:
@@ -498,6 +562,20 @@ class _ApplyStateful(beam.DoFn):
             Timestamp(micros=at))
 
 
+class _AttachPin(beam.DoFn):
+    """Stateful flavor: drops commands below the pinned frontier; the others carry the pin."""
+
+    def setup(self):
+        self._counters = UpsertCounters()
+
+    def process(self, element, pin=None):
+        key, (micros, offset, row) = element
+        if pin["frontier"] is not None and micros < pin["frontier"]:
+            self._counters.dropped_before_resume.inc()
+            return
+        yield key, (micros, offset, row, (pin["version"], pin["run"]))
+
+
 class _LatestPerKey(beam.DoFn):
     """Bounded input through the stateful flavor: each key's last change only."""
 
@@ -506,29 +584,7 @@ class _LatestPerKey(beam.DoFn):
         yield max(changes, key=lambda c: c[0])[1]
 
 
-# -- building superfiles (bounded) -------------------------------------------------------------
-class _RowsToArrow(beam.DoFn):
-    """Changed rows (dicts, canonical) -> Arrow tables of the table's schema.
-
-    Also yields ``(rows, Arrow bytes, vectors or None)`` on ``stats``: the
-    vectors only while the pinned table has no grid (to train one).
-    """
-
-    def __init__(self, settings: _Settings) -> None:
-        self._s = settings
-
-    def process(self, rows, pin=None):
-        table = _pinned(self._s, pin["version"])
-        vp = table.properties.get("vector")
-        out = conform(self._s.uri, pa.Table.from_pylist(rows, schema=table.user_schema),
-                      table.user_schema, vp["column"] if vp else None)
-        sample = None
-        if vp is not None and table.grid() is None:
-            sample = vectors_of(out, vp["column"], vp["dim"])
-        yield pvalue.TaggedOutput(_STATS_TAG, (out.num_rows, out.nbytes, sample))
-        yield out
-
-
+# -- the commit's inputs (bounded) ---------------------------------------------------------
 class _KeysToArrow(beam.DoFn):
     """Changed keys -> Arrow tables of the key columns (what the commit resolves)."""
 
@@ -538,111 +594,6 @@ class _KeysToArrow(beam.DoFn):
     def process(self, keys, pin=None):
         table = _pinned(self._s, pin["version"])
         yield _key_table(keys, table.user_schema, table.primary_key)
-
-
-class _Stats(beam.CombineFn):
-    """Rows, Arrow bytes and a uniform sample of vectors (priority sampling)."""
-
-    def __init__(self, limit: int) -> None:
-        self._limit = limit
-
-    def create_accumulator(self):
-        return 0, 0, None, None
-
-    def _compact(self, keys, sample):
-        if keys is None or len(keys) <= self._limit:
-            return keys, sample
-        keep = np.argpartition(keys, self._limit - 1)[:self._limit]
-        return keys[keep], sample[keep]
-
-    def add_input(self, acc, stats):
-        rows, nbytes, keys, sample = acc
-        rows, nbytes, x = rows + stats[0], nbytes + stats[1], stats[2]
-        if x is not None and len(x):
-            u = np.random.random(len(x))
-            keys = u if keys is None else np.concatenate([keys, u])
-            sample = x if sample is None else np.concatenate([sample, x])
-            keys, sample = self._compact(keys, sample)
-        return rows, nbytes, keys, sample
-
-    def merge_accumulators(self, accs):
-        accs = list(accs)
-        parts = [a for a in accs if a[2] is not None]
-        keys = np.concatenate([a[2] for a in parts]) if parts else None
-        sample = np.concatenate([a[3] for a in parts]) if parts else None
-        keys, sample = self._compact(keys, sample)
-        return sum(a[0] for a in accs), sum(a[1] for a in accs), keys, sample
-
-    def extract_output(self, acc):
-        return acc[0], acc[1], acc[3]
-
-
-class _Plan(beam.DoFn):
-    """The grid (the pinned table's, or one trained on the sample) and the shard count."""
-
-    def __init__(self, settings: _Settings) -> None:
-        self._s = settings
-
-    def process(self, stats, pin=None):
-        rows, nbytes, sample = stats
-        table = _pinned(self._s, pin["version"])
-        target = table.properties.get("target_superfile_bytes", TARGET_SUPERFILE_BYTES)
-        plan = {"n_shards": max(1, math.ceil(nbytes / target)), "centroids": None,
-                "stamp": None}
-        if table.properties.get("vector"):
-            plan["centroids"], plan["stamp"] = table.grid(), table.properties.get("grid")
-            if plan["centroids"] is None and sample is not None and len(sample):
-                plan["centroids"], plan["stamp"] = table.train_grid(sample, rows)
-        yield plan
-
-
-class _KeyByShard(beam.DoFn):
-    """Splits a batch of rows by shard: ``cell % n_shards`` with a grid, else at random."""
-
-    def __init__(self, settings: _Settings) -> None:
-        self._s = settings
-
-    def process(self, table, plan=None, pin=None):
-        n = plan["n_shards"]
-        if plan["centroids"] is None:
-            yield int(np.random.randint(n)), (table, None, None)
-            return
-        t = _pinned(self._s, pin["version"])
-        vp = t.properties["vector"]
-        cells, replicas = grid_mod.assign(vectors_of(table, vp["column"], vp["dim"]),
-                                          plan["centroids"], vp["metric"],
-                                          vp.get("replica_factor", 0.0))
-        shard = cells % n
-        for s in np.unique(shard):
-            mask = shard == s
-            yield int(s), (table.filter(pa.array(mask)), cells[mask],
-                           None if replicas is None else replicas[mask])
-
-
-class _Build(beam.DoFn):
-    """One shard's rows -> one uploaded superfile -> its manifest entry."""
-
-    def __init__(self, settings: _Settings) -> None:
-        self._s = settings
-
-    def setup(self):
-        self._built = Metrics.counter(NAMESPACE, "superfiles_built")
-
-    def process(self, element, plan=None, pin=None):
-        _, parts = element
-        parts = list(parts)
-        table = _pinned(self._s, pin["version"])
-        rows = pa.concat_tables([p[0] for p in parts])
-        cells = replicas = None
-        if parts[0][1] is not None:
-            cells = np.concatenate([p[1] for p in parts])
-            if parts[0][2] is not None:
-                replicas = np.concatenate([p[2] for p in parts])
-        stamp = plan["stamp"]
-        entry = build_and_upload(table.store, rows, table.layout(), cells, replicas,
-                                 stamp["sha256"] if stamp else None)
-        self._built.inc()
-        yield entry
 
 
 def _commit(settings: _Settings, *, entries: List[dict], keys: Optional[pa.Table],
@@ -681,13 +632,15 @@ class _CommitBounded(beam.DoFn):
         self._rows = Metrics.counter(NAMESPACE, "rows_committed")
         self._deduplicated = Metrics.counter(NAMESPACE, "deduplicated_commits")
 
-    def process(self, greatest, pin=None, entries=(), keys=(), plan=None):
+    def process(self, greatest, pin=None, built=(), keys=()):
         keys = [k for k in keys if k.num_rows]
-        result = _commit(self._s, entries=list(entries),
+        result = _commit(self._s, entries=[entry for entry, _ in built],
                          keys=pa.concat_tables(keys) if keys else None,
                          frontier=int(greatest) + 1,
                          token=f"{self._s.job_id or 'upsert'}/{pin['run']}",
-                         base_version=pin["version"], stamp=(plan or {}).get("stamp"))
+                         base_version=pin["version"],
+                         # Every superfile is on the plan's grid.
+                         stamp=next((grid for _, grid in built if grid), None))
         if result is None:
             return
         if result.deduplicated:
@@ -884,25 +837,27 @@ class UpsertToSupertable(beam.PTransform):
         if not isinstance(commands.windowing.windowfn, window.GlobalWindows):
             # An upsert is per key over all time: windowing must not split it.
             commands = commands | "GlobalWindow" >> beam.WindowInto(window.GlobalWindows())
-        checked = commands | "Validate" >> beam.ParDo(_Validate(s), pin).with_outputs(
-            INVALID_TAG, main="commands")
-        invalid = [checked[INVALID_TAG]]
+        checked = commands | "Validate" >> beam.ParDo(_Validate(s)).with_outputs(
+            INVALID_TAG, _UNSETTLED_TAG, main="commands")
+        invalid = [checked[INVALID_TAG],
+                   checked[_UNSETTLED_TAG] | "Settle" >> beam.ParDo(_Settle(), pin)]
         # Keys are the encoded bytes (beam_upsert.prepare): say so, so keyed
         # state and grouping use a deterministic bytes coder.
         keyed = checked.commands | "Keyed" >> beam.WindowInto(
             window.GlobalWindows()).with_output_types(Tuple[bytes, Any])
         if flavor == "grouped":
             applied = (keyed
-                       | "GroupByKey" >> beam.GroupByKey()
+                       | "ByShard" >> beam.ParDo(_ByShard()).with_output_types(Tuple[int, Any])
+                       | "GroupKeyShards" >> beam.GroupByKey()
                        | "Apply" >> beam.ParDo(_ApplyGrouped(s), pin).with_outputs(
-                           INVALID_TAG, main="changes"))
+                           INVALID_TAG, _TIMES_TAG, main="changes"))
+            times = applied[_TIMES_TAG]
         else:
-            applied = (keyed
-                       | "AttachPin" >> beam.Map(
-                           lambda kv, pin: (kv[0], kv[1] + ((pin["version"], pin["run"]),)),
-                           pin).with_output_types(Tuple[bytes, Any])
-                       | "Apply" >> beam.ParDo(_ApplyStateful(s)).with_outputs(
-                           INVALID_TAG, main="changes"))
+            pinned = keyed | "AttachPin" >> beam.ParDo(_AttachPin(), pin).with_output_types(
+                Tuple[bytes, Any])
+            applied = pinned | "Apply" >> beam.ParDo(_ApplyStateful(s)).with_outputs(
+                INVALID_TAG, main="changes")
+            times = pinned | "Times" >> beam.Map(lambda kv: kv[1][0]) if bounded else None
         invalid.append(applied[INVALID_TAG])
         changes = applied.changes
         if bounded:
@@ -913,7 +868,7 @@ class UpsertToSupertable(beam.PTransform):
                                (encode_key(c[1]), (ts.micros, c)))
                            | "GroupChanges" >> beam.GroupByKey()
                            | "Latest" >> beam.ParDo(_LatestPerKey()))
-            commits = self._commit_bounded(checked.commands, changes, pin)
+            commits = self._commit_bounded(times, changes, pin)
         else:
             commits = (changes
                        | "OneKey" >> beam.Map(lambda c: (0, c)).with_output_types(
@@ -924,32 +879,25 @@ class UpsertToSupertable(beam.PTransform):
             return commits
         return UpsertWriteResult(commits, tuple(invalid) | "Invalid" >> beam.Flatten())
 
-    def _commit_bounded(self, commands, changes, pin):
+    def _commit_bounded(self, times, changes, pin):
         s = self._settings
-        arrow = (changes
-                 | "Puts" >> beam.FlatMap(lambda c: [c[2]] if c[0] == PUT else [])
-                 | "BatchRows" >> beam.BatchElements(min_batch_size=1,
-                                                     max_batch_size=ARROW_BATCH_ROWS)
-                 | "RowsToArrow" >> beam.ParDo(_RowsToArrow(s), pin).with_outputs(
-                     _STATS_TAG, main="rows"))
-        rows = arrow.rows
-        stats = arrow[_STATS_TAG] | "Stats" >> beam.CombineGlobally(_Stats(GRID_SAMPLE_ROWS))
-        plan = beam.pvalue.AsSingleton(stats | "Plan" >> beam.ParDo(_Plan(s), pin))
-        entries = (rows
-                   | "KeyByShard" >> beam.ParDo(_KeyByShard(s), plan, pin)
-                   | "GroupByShard" >> beam.GroupByKey()
-                   | "Build" >> beam.ParDo(_Build(s), plan, pin))
+        ref = _ref(s)
+        rows = (changes
+                | "Puts" >> beam.FlatMap(lambda c: [c[2]] if c[0] == PUT else [])
+                | "BatchRows" >> beam.BatchElements(min_batch_size=1,
+                                                    max_batch_size=ARROW_BATCH_ROWS)
+                | "RowsToArrow" >> beam.ParDo(_ToBatches(ref, on_invalid="fail")))
+        # The rows are canonical already: conforming them cannot fail.
+        _, built = build_superfiles(rows, ref, None, GRID_SAMPLE_ROWS, pin)
         keys = (changes
                 | "Keys" >> beam.Map(lambda c: c[1])
                 | "BatchKeys" >> beam.BatchElements(min_batch_size=1,
                                                     max_batch_size=ARROW_BATCH_ROWS * 4)
                 | "KeysToArrow" >> beam.ParDo(_KeysToArrow(s), pin))
-        greatest = (commands
-                    | "Times" >> beam.Map(lambda kv: kv[1][0])
-                    | "Greatest" >> beam.CombineGlobally(max).without_defaults())
+        greatest = times | "Greatest" >> beam.CombineGlobally(max).without_defaults()
         return greatest | "Commit" >> beam.ParDo(
-            _CommitBounded(s), pin, beam.pvalue.AsList(entries), beam.pvalue.AsList(keys),
-            plan).with_output_types(CommitResult)
+            _CommitBounded(s), pin, beam.pvalue.AsList(built), beam.pvalue.AsList(keys)
+        ).with_output_types(CommitResult)
 
     def display_data(self):
         s = self._settings

@@ -31,6 +31,8 @@ landed token fail the pipeline with ``TokenReuseError``.
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import time
 import uuid
@@ -116,20 +118,35 @@ class _TableRef:
             ``create(mode="exist_ok")``, which writes only when it is still
             missing (the atomic create settles concurrent creators) and
             checks an existing one against these settings.
+        keyed: the steps serve ``UpsertToSupertable``, which writes keyed
+            tables (``WriteToSupertable`` refuses them).
     """
 
     def __init__(self, uri: str, storage_options: Optional[dict],
-                 create: Optional[Dict[str, Any]] = None) -> None:
+                 create: Optional[Dict[str, Any]] = None, keyed: bool = False) -> None:
         self.uri, self.storage_options, self.create = uri, storage_options, create
+        self.keyed = keyed
 
     def open(self) -> Supertable:
+        """The latest version (created first when missing and ``create`` is set)."""
         if self.create is None:
             table = Supertable.open(self.uri, storage_options=self.storage_options)
         else:
             table = Supertable.create(self.uri, storage_options=self.storage_options,
                                       mode="exist_ok", **self.create)
-        _refuse_keyed(table)
+        if not self.keyed:
+            _refuse_keyed(table)
         return table
+
+    def at(self, version: int) -> Supertable:
+        """The table as of ``version`` (a run's pinned version), one handle per worker."""
+        return _pinned(self.uri, json.dumps(self.storage_options, sort_keys=True), version)
+
+
+@functools.lru_cache(maxsize=8)
+def _pinned(uri: str, options: str, version: int) -> Supertable:
+    # A version never changes: every stage of a worker process shares one handle.
+    return Supertable.open(uri, version=version, storage_options=json.loads(options))
 
 
 def _refuse_keyed(table: Supertable) -> None:
@@ -277,11 +294,18 @@ class _SampleVectors(beam.CombineFn):
 
     Priority sampling: every row draws a random key and the sample is the
     ``limit`` rows with the smallest keys, so batches and merges stay cheap
-    and the result is uniform however the input was split.
+    and the result is uniform however the input was split. The vector
+    column is the table's (read once per worker; a table's layout never
+    changes).
     """
 
-    def __init__(self, column: Optional[str], dim: int, limit: int) -> None:
-        self._column, self._dim, self._limit = column, dim, limit
+    def __init__(self, table: _TableRef, limit: int) -> None:
+        self._table, self._limit = table, limit
+
+    def setup(self):
+        vector = self._table.open().layout().vector
+        self._column = vector.column if vector else None
+        self._dim = vector.dim if vector else 0
 
     def create_accumulator(self):
         return (0, 0, np.zeros(0, np.float64), None)
@@ -329,14 +353,18 @@ class _SampleVectors(beam.CombineFn):
 
 
 class _Plan(beam.DoFn):
-    """Bounded input: the grid (the table's, or one trained on the sample) and n_shards."""
+    """Bounded input: the grid (the table's, or one trained on the sample) and n_shards.
+
+    The table is the latest version, or the run's pinned one when a ``pin``
+    (``{"version": ...}``, ``UpsertToSupertable``) comes as a side input.
+    """
 
     def __init__(self, table: _TableRef, n_shards: Optional[int]) -> None:
         self._table, self._n_shards = table, n_shards
 
-    def process(self, stats):
+    def process(self, stats, pin=None):
         rows, nbytes, sample = stats
-        table = self._table.open()
+        table = self._table.open() if pin is None else self._table.at(pin["version"])
         plan = {"n_shards": shard_count(nbytes, table.layout(), self._n_shards),
                 "centroids": None, "stamp": None,
                 # Read before anything of this run is built: the commit's
@@ -559,6 +587,35 @@ class _BuildAndCommit(beam.DoFn):
         yield from self._committer.commit(built, win, pane, min(floors, default=None))
 
 
+def build_superfiles(batches: beam.PCollection, table: _TableRef, n_shards: Optional[int],
+                     sample_rows: int, pin: Optional[pvalue.AsSingleton] = None):
+    """Bounded input: conformed Arrow tables -> uploaded superfiles, in parallel.
+
+    The stages ``WriteToSupertable`` and ``UpsertToSupertable`` share: row
+    count, bytes and a vector sample; the plan (grid and shard count);
+    rows keyed by shard (``cell % n_shards``); one superfile per shard.
+
+    Args:
+        batches: Arrow tables of the table's user columns, conformed.
+        n_shards: superfiles to build (default: by bytes).
+        sample_rows: vectors sampled to train a grid when the table has none.
+        pin: the run's pinned version (``{"version": ...}``), for a plan on
+            that version rather than the latest.
+
+    Returns:
+        ``(plan, built)``: the plan as a singleton side input, and the
+        ``(entry, grid)`` pairs of the uploaded, uncommitted superfiles.
+    """
+    stats = batches | "Stats" >> beam.CombineGlobally(_SampleVectors(table, sample_rows))
+    extra = () if pin is None else (pin,)
+    plan = beam.pvalue.AsSingleton(stats | "Plan" >> beam.ParDo(_Plan(table, n_shards), *extra))
+    built = (batches
+             | "KeyByShard" >> beam.ParDo(_KeyByShard(table, DEFAULT_STREAMING_SHARDS), plan)
+             | "GroupByShard" >> beam.GroupByKey()
+             | "Build" >> beam.ParDo(_BuildSuperfile(table)))
+    return plan, built
+
+
 class WriteToSupertable(beam.PTransform):
     """Writes rows to a supertable with exactly-once OCC commits.
 
@@ -675,16 +732,9 @@ class WriteToSupertable(beam.PTransform):
                                                    max_batch_size=self._batch_rows)
                    | "Conform" >> beam.ParDo(_ToBatches(self._table, self._on_invalid))
                    .with_outputs(INVALID_TAG, main="batches"))
-        keyer = _KeyByShard(self._table, self._n_shards or DEFAULT_STREAMING_SHARDS)
         if bounded:
-            vp = self._vector
-            stats = batches.batches | "Stats" >> beam.CombineGlobally(_SampleVectors(
-                vp["column"] if vp else None, vp["dim"] if vp else 0, self._sample_rows))
-            plan = beam.pvalue.AsSingleton(stats | "Plan" >> beam.ParDo(
-                _Plan(self._table, self._n_shards)))
-            keyed = batches.batches | "KeyByShard" >> beam.ParDo(keyer, plan)
-            built = (keyed | "GroupByShard" >> beam.GroupByKey()
-                     | "Build" >> beam.ParDo(_BuildSuperfile(self._table)))
+            plan, built = build_superfiles(batches.batches, self._table, self._n_shards,
+                                           self._sample_rows)
             commits = (built
                        | "OneKey" >> beam.Map(lambda e: (None, e))
                        | "Gather" >> beam.GroupByKey()
@@ -697,7 +747,8 @@ class WriteToSupertable(beam.PTransform):
             # the DirectRunner of apache-beam 2.62 finish. A firing's shards
             # are built in parallel threads by the one worker that commits them.
             commits = (batches.batches
-                       | "KeyByShard" >> beam.ParDo(keyer)
+                       | "KeyByShard" >> beam.ParDo(_KeyByShard(
+                           self._table, self._n_shards or DEFAULT_STREAMING_SHARDS))
                        | "OneKey" >> beam.ParDo(_TagFloor(self._table))
                        | "GatherFiring" >> beam.GroupByKey()
                        | "BuildAndCommit" >> beam.ParDo(_BuildAndCommit(

@@ -17,6 +17,17 @@ user sees it. Cases:
 * ``grouped`` / ``stateful``: ``Upsert(flavor, prior=snapshot)`` over the
   commands (200,000 over 50,000 keys, a 25,000-key snapshot).
 * ``write``: ``WriteToSupertable`` of vector + text rows (rows/s).
+* ``upsert-table``: the closed loop, ``UpsertToSupertable`` (grouped,
+  bounded) of the same commands as rows ``{key, value}`` into a keyed table
+  holding the 25,000-key snapshot (built before the clock starts).
+
+The ``write`` and ``upsert-table`` lines end with an order-free digest of
+the table's user columns afterwards: equal digests on both runners mean
+identical table contents.
+
+Each line also gives the job start (seconds from submitting the pipeline
+to its first bundle: on Flink ``[local]`` the job server's JVM and the
+embedded cluster starting) and items per second after it.
 
 Besides items per wall-clock second, each line gives items per CPU-second
 of the submitting process, where the DirectRunner and LOOPBACK workers run:
@@ -46,12 +57,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from apache_beam.transforms.window import TimestampedValue
+
+from beam_supertable import Supertable, UpsertToSupertable, WriteToSupertable
+from beam_supertable.digest import row_digest
+from beam_upsert import UpsertCommand
 from benchmarks import upsert_bench
 
 DATA = upsert_bench.DATA
 SMALL_COMMANDS, SMALL_PRIOR = 20_000, 2_500
 WRITE_ROWS, SMALL_WRITE_ROWS, DIM = 50_000, 5_000, 64
-CASES = ("pardo", "grouped", "stateful", "write")
+CASES = ("pardo", "grouped", "stateful", "write", "upsert-table")
+TABLE_SCHEMA = pa.schema([pa.field("key", pa.string(), nullable=False), ("value", pa.int64())])
 RUNNERS = ("direct", "flink", "flink-streaming")
 
 
@@ -88,6 +105,46 @@ def _rows_file(n: int) -> str:
     return path
 
 
+def parse_row_command(line):
+    """A command of the upsert benchmark as a row command of the keyed table."""
+    row = json.loads(line)
+    value = None if row["value"] is None else {"key": row["key"], "value": row["value"]}
+    return TimestampedValue(UpsertCommand(row["key"], value, row["offset"]), row["time"])
+
+
+def _keyed_table(uri: str, prior: str) -> None:
+    """The keyed table holding the snapshot (not timed: it is the loop's prior)."""
+    with open(prior) as f:
+        rows = [json.loads(line) for line in f]
+    table = Supertable.create(uri, TABLE_SCHEMA, primary_key="key")
+    table.upsert(pa.Table.from_pylist(rows, schema=TABLE_SCHEMA))
+
+
+def _contents(uri: str) -> str:
+    """Order-free digest of the table's user columns (``_id`` s differ per run)."""
+    table = Supertable.open(uri)
+    return row_digest(table.to_arrow(columns=table.user_schema.names))
+
+
+class _MarkStart(beam.DoFn):
+    """Writes the wall-clock time of the job's first bundle to a file (once).
+
+    The time from submitting the pipeline to it is the job start: on Flink
+    the job server's and the cluster's start-up, before any element moves.
+    """
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+
+    def process(self, element):
+        try:
+            fd = os.open(self._path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return
+        os.write(fd, repr(time.time()).encode())
+        os.close(fd)
+
+
 class _Drain(beam.DoFn):
     def process(self, element):
         return ()
@@ -116,16 +173,24 @@ def run_case(case: str, runner: str, args) -> dict:
     commands, prior, n = _files(args.small)
     options = _options(runner, args)
     work = tempfile.mkdtemp(prefix="flink-bench-")
+    uri, contents = os.path.join(work, "table"), None
     try:
-        t0, cpu0 = time.perf_counter(), _cpu()
+        if case == "upsert-table":
+            _keyed_table(uri, prior)
+        started = os.path.join(work, "started")
+        t0, wall0, cpu0 = time.perf_counter(), time.time(), _cpu()
         with beam.Pipeline(options=options) as p:
+            _ = p | "Start" >> beam.Create([None]) | "MarkStart" >> beam.ParDo(_MarkStart(started))
             if case == "write":
-                from beam_supertable import WriteToSupertable
                 n = SMALL_WRITE_ROWS if args.small else WRITE_ROWS
                 src = _rows_file(n)
                 _ = (p | beam.io.ReadFromParquet(src)
-                     | WriteToSupertable(os.path.join(work, "table"), schema=pq.read_schema(src),
+                     | WriteToSupertable(uri, schema=pq.read_schema(src),
                                          vector_column="emb", fts_columns=["body"]))
+            elif case == "upsert-table":
+                _ = (p | "Read" >> beam.io.ReadFromText(commands)
+                     | "Parse" >> beam.Map(parse_row_command)
+                     | UpsertToSupertable(uri, flavor="grouped"))
             else:
                 cmds = (p | "Read" >> beam.io.ReadFromText(commands)
                         | "Parse" >> beam.Map(upsert_bench.parse_command))
@@ -138,10 +203,15 @@ def run_case(case: str, runner: str, args) -> dict:
                     out = cmds | Upsert(case, prior=snapshot)
                 _ = out | beam.ParDo(_Drain())
         seconds, cpu = time.perf_counter() - t0, _cpu() - cpu0
+        with open(started) as f:
+            start = float(f.read()) - wall0
+        if case in ("write", "upsert-table"):
+            contents = _contents(uri)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {"case": case, "runner": runner, "n": n, "seconds": seconds, "per_second": n / seconds,
-            "cpu_seconds": cpu, "per_cpu_second": n / cpu}
+            "cpu_seconds": cpu, "per_cpu_second": n / cpu, "contents": contents,
+            "start_seconds": start, "after_start_per_second": n / (seconds - start)}
 
 
 def _cpu() -> float:
@@ -188,22 +258,24 @@ def main(argv=None):
         passed.append("--small")
     for runner in runners:
         print(f"# {runner}: {_describe(runner, args)}", flush=True)
-    print(f"{'case':10s} {'runner':16s} {'items':>9s} {'seconds':>8s} {'per second':>11s} "
-          f"{'per CPU-s':>10s}")
+    print(f"{'case':12s} {'runner':16s} {'items':>9s} {'seconds':>8s} {'per second':>11s} "
+          f"{'per CPU-s':>10s} {'start s':>8s} {'after start/s':>14s}  contents")
     for case in cases:
         for runner in runners:
-            if case in ("write", "pardo") and runner == "flink-streaming":
+            if case in ("write", "pardo", "upsert-table") and runner == "flink-streaming":
                 continue
             done = subprocess.run(
                 [sys.executable, "-m", "benchmarks.flink_bench", "--one", f"--case={case}",
                  f"--runner={runner}", *passed], capture_output=True, text=True)
             line = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
             if done.returncode or not line:
-                print(f"{case:10s} {runner:16s} FAILED\n{done.stderr[-3000:]}", flush=True)
+                print(f"{case:12s} {runner:16s} FAILED\n{done.stderr[-3000:]}", flush=True)
                 continue
             r = json.loads(line[0][7:])
-            print(f"{case:10s} {runner:16s} {r['n']:>9,d} {r['seconds']:>8.1f} "
-                  f"{r['per_second']:>11,.0f} {r['per_cpu_second']:>10,.0f}", flush=True)
+            print(f"{case:12s} {runner:16s} {r['n']:>9,d} {r['seconds']:>8.1f} "
+                  f"{r['per_second']:>11,.0f} {r['per_cpu_second']:>10,.0f} "
+                  f"{r['start_seconds']:>8.1f} {r['after_start_per_second']:>14,.0f}  "
+                  f"{r['contents'] or '-'}", flush=True)
     load = os.getloadavg()[0]
     print(f"load average {load:.1f}; machine: {platform.machine()}, {os.cpu_count()} cores, python "
           f"{platform.python_version()}, apache-beam {beam.__version__}, "

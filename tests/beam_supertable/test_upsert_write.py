@@ -349,3 +349,66 @@ def test_crash_around_the_commit_then_rerun_equals_one_clean_run(tmp_path, crash
     assert t.frontier == c.frontier
     assert _table(uri) == _table(clean) == _model(CRASH_BATCH)
     assert json.dumps(t.history()[-1]["operation"]) == json.dumps("upsert")
+
+
+def test_refused_rows_below_the_frontier_are_dropped_and_above_it_invalid(tmp_path):
+    # Validation runs before the pinned frontier is known (it fuses with the
+    # step making the commands); a refused row is settled against it after.
+    uri = str(tmp_path / "t")
+    _run(uri, [(1, _row(1, "a"), 1, 10)], schema=SCHEMA, primary_key="id", vector_column="emb")
+    result = _run(uri, [(2, _row(3, "below, wrong key"), 2, 5),
+                        (4, _row(5, "above, wrong key"), 3, 20),
+                        (6, _row(6, "f"), 4, 20)],
+                  expect_commits=[(1, False)],
+                  expect_invalid=[(4, "the row's key 5 (column(s) ['id']) disagrees with the "
+                                      "command's key 4")])
+    assert (_counter(result, "dropped_before_resume"), _counter(result, "invalid")) == (1, 1)
+    assert _table(uri) == [{"id": 1, "name": "a"}, {"id": 6, "name": "f"}]
+
+
+def _ancestors_until_shuffle(proto, start):
+    """Transforms the commands pass from PCollection ``start`` up to a GroupByKey.
+
+    Refused commands (the ``invalid`` and ``unsettled`` outputs) are not followed.
+    """
+    consumers = {}
+    for tid, t in proto.components.transforms.items():
+        if t.subtransforms:
+            continue
+        for tag, pc in t.inputs.items():
+            consumers.setdefault(pc, []).append((tid, tag))
+    seen, todo, out = set(), [start], []
+    while todo:
+        for tid, tag in consumers.get(todo.pop(), []):
+            t = proto.components.transforms[tid]
+            if tid in seen:
+                continue
+            seen.add(tid)
+            if t.spec.urn == "beam:transform:group_by_key:v1":
+                continue
+            out.append((t, tag))
+            todo.extend(pc for name, pc in t.outputs.items()
+                        if name not in ("invalid", "unsettled"))
+    return out
+
+
+def test_commands_reach_the_first_shuffle_without_a_side_input_step(tmp_path):
+    # A step with a side input starts a new stage on a portable runner
+    # (Flink): every command would cross between the runner and the SDK
+    # worker once more. Up to the first shuffle the steps take none, and
+    # the grouped flavor shuffles one list per key shard, not per command.
+    from apache_beam.portability.api import beam_runner_api_pb2
+
+    uri = str(tmp_path / "t")
+    p = beam.Pipeline()
+    commands = p | beam.Create(_commands(BATCH))
+    _ = commands | UpsertToSupertable(uri, schema=SCHEMA, primary_key="id", flavor="grouped")
+    proto = p.to_runner_api()
+    start = next(iter(next(t for t in proto.components.transforms.values()
+                           if t.unique_name == commands.producer.full_label).outputs.values()))
+    steps = _ancestors_until_shuffle(proto, start)
+    pardos = [t for t, _ in steps if t.spec.urn == "beam:transform:pardo:v1"]
+    assert any("Validate" in t.unique_name for t in pardos)
+    for t in pardos:
+        payload = beam_runner_api_pb2.ParDoPayload.FromString(t.spec.payload)
+        assert not payload.side_inputs, f"{t.unique_name} takes a side input"
