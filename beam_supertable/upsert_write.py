@@ -524,9 +524,12 @@ class _ApplyStateful(beam.DoFn):
             apply.set(Timestamp(micros=micros), dynamic_timer_tag=str(micros))
 
     @on_timer(APPLY)
-    def apply_due(self, shard=beam.DoFn.KeyParam, fired_at=beam.DoFn.TimestampParam,
+    def apply_due(self, shard=beam.DoFn.KeyParam, tag=beam.DoFn.DynamicTimerTagParam,
                   stash=beam.DoFn.StateParam(STASH), pinned=beam.DoFn.StateParam(PIN)):
-        now = fired_at.micros
+        # The time comes from the tag, not the firing's timestamp: Flink keeps
+        # timers in milliseconds, so a command at 1.0005 s would fire at
+        # 1.000 s and never be due.
+        now = int(tag)
         # A timer set again after this firing in the same bundle must be set anew.
         self._set.discard((shard, now))
         values, pending, due, fresh = {}, {}, {}, {}
@@ -839,10 +842,14 @@ class _CommitStream(beam.DoFn):
             flush.set(Timestamp(micros=slot_end - 1), dynamic_timer_tag=str(slot_end))
 
     @on_timer(FLUSH)
-    def commit_due(self, fired_at=beam.DoFn.TimestampParam,
+    def commit_due(self, tag=beam.DoFn.DynamicTimerTagParam,
                    buffer=beam.DoFn.StateParam(BUFFER), pinned=beam.DoFn.StateParam(PIN),
                    front=beam.DoFn.StateParam(FRONT)):
-        now = fired_at.micros
+        # The slot's end comes from the tag: Flink keeps timers in
+        # milliseconds, so the firing's timestamp (the slot's end - 1 µs)
+        # arrives as the slot's end - 1 ms, and the frontier recorded would
+        # be 999 µs short of the DirectRunner's.
+        now = int(tag) - 1
         self._set.discard(now + 1)
         due, pending = [], []
         for entry in buffer.read():
