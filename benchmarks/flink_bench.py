@@ -17,6 +17,11 @@ user sees it. Cases:
 * ``grouped`` / ``stateful``: ``Upsert(flavor, prior=snapshot)`` over the
   commands (200,000 over 50,000 keys, a 25,000-key snapshot).
 * ``write``: ``WriteToSupertable`` of vector + text rows (rows/s).
+* ``upsert-table-stream``: the same commands as an unbounded stream (the
+  file's PCollection declared unbounded) into ``UpsertToSupertable`` on an
+  empty keyed table (``key``, ``value``): the stateful flavor per state
+  shard and one commit per second of event time (10 commits). Runs on
+  ``direct`` and ``flink-streaming`` only.
 
 Besides items per wall-clock second, each line gives items per CPU-second
 of the submitting process, where the DirectRunner and LOOPBACK workers run:
@@ -51,7 +56,8 @@ from benchmarks import upsert_bench
 DATA = upsert_bench.DATA
 SMALL_COMMANDS, SMALL_PRIOR = 20_000, 2_500
 WRITE_ROWS, SMALL_WRITE_ROWS, DIM = 50_000, 5_000, 64
-CASES = ("pardo", "grouped", "stateful", "write")
+CASES = ("pardo", "grouped", "stateful", "write", "upsert-table-stream")
+STREAM_CASES = ("upsert-table-stream",)   # unbounded input: no Flink batch run
 RUNNERS = ("direct", "flink", "flink-streaming")
 
 
@@ -88,6 +94,24 @@ def _rows_file(n: int) -> str:
     return path
 
 
+def _command_row(command):
+    """A benchmark command as a command on the (key, value) table."""
+    from beam_upsert import UpsertCommand
+    value = None if command.value is None else {"key": command.key, "value": command.value}
+    return UpsertCommand(command.key, value, command.offset)
+
+
+def _upsert_table_stream(p, commands: str, table: str) -> None:
+    """``upsert-table-stream``: the command file, declared unbounded, into UpsertToSupertable."""
+    from beam_supertable import UpsertToSupertable
+    cmds = (p | "Read" >> beam.io.ReadFromText(commands)
+            | "Parse" >> beam.Map(upsert_bench.parse_command)
+            | "AsRows" >> beam.Map(_command_row))
+    cmds.is_bounded = False   # a stream replayed from a file: the unbounded path
+    schema = pa.schema([("key", pa.string()), ("value", pa.int64())])
+    _ = cmds | UpsertToSupertable(table, schema=schema, primary_key="key")
+
+
 class _Drain(beam.DoFn):
     def process(self, element):
         return ()
@@ -119,7 +143,9 @@ def run_case(case: str, runner: str, args) -> dict:
     try:
         t0, cpu0 = time.perf_counter(), _cpu()
         with beam.Pipeline(options=options) as p:
-            if case == "write":
+            if case == "upsert-table-stream":
+                _upsert_table_stream(p, commands, os.path.join(work, "table"))
+            elif case == "write":
                 from beam_supertable import WriteToSupertable
                 n = SMALL_WRITE_ROWS if args.small else WRITE_ROWS
                 src = _rows_file(n)
@@ -193,6 +219,8 @@ def main(argv=None):
     for case in cases:
         for runner in runners:
             if case in ("write", "pardo") and runner == "flink-streaming":
+                continue
+            if case in STREAM_CASES and runner == "flink":
                 continue
             done = subprocess.run(
                 [sys.executable, "-m", "benchmarks.flink_bench", "--one", f"--case={case}",
