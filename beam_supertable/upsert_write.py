@@ -32,12 +32,16 @@ frontier past the batch (the rerun does nothing). A retried commit bundle of
 one run finds its token and commits nothing twice.
 
 Unbounded input: the stateful flavor applies each key's commands when the
-watermark passes their time (a watermark timer per command time, as
-``beam_upsert``'s stateful flavor); the changed rows gather on one committer
-whose watermark timer fires per ``COMMIT_SLOT_US`` of event time and commits
-every change up to the slot's end, recording that end as the frontier: every
-change below it is in the table. A restarted job resumes from the table's
-frontier.
+watermark passes their time, with state and timers per state shard of keys
+(``beam_upsert.stateful``'s design: a watermark timer per shard and command
+time); the changed rows gather on one committer whose watermark timer fires
+per ``COMMIT_SLOT_US`` of event time and commits every change up to the
+slot's end, recording that end as the frontier: every change below it is in
+the table. A restarted job resumes from the table's frontier. No stage of the
+unbounded path takes a side input: each stateful stage pins its version in
+its own (checkpointed) state, and commit tokens name the run and the slot, so
+a job Flink restores from a checkpoint replays onto the same pin and finds
+the commits it made after that checkpoint instead of making them twice.
 """
 
 from __future__ import annotations
@@ -72,6 +76,8 @@ from beam_upsert.emit import step_kind
 from beam_upsert.metrics import UpsertCounters
 from beam_upsert.model import Invalid, KeyState, UpsertCommand, apply_times, check_command
 from beam_upsert.prepare import decode_key, encode_key
+from beam_upsert.stateful import (DEFAULT_STATE_SHARDS, ShardKeys, decode_entry,
+                                  encode_entry)
 
 __all__ = ["UpsertToSupertable", "UpsertWriteResult"]
 
@@ -94,7 +100,7 @@ GRID_SAMPLE_ROWS = 50_000       # vectors sampled to train a new table's grid
 COMMIT_SLOT_US = 1_000_000      # unbounded input: at most one commit per second of event time
 
 _LOG = logging.getLogger(__name__)
-_STAMP_CMD, _STAMP_STATE = "c", "s"   # stash entries of the stateful flavor
+_STAMP_CMD, _STAMP_BLOCK = "c", "b"   # stash entries of the stateful flavor
 
 
 class UpsertWriteResult(NamedTuple):
@@ -225,8 +231,8 @@ class _Validate(beam.DoFn):
     fit the schema and rows whose key columns disagree with the command's
     key go to ``unsettled`` as ``(command, reason)``: invalid unless they
     fall below the pinned frontier (``_Settle``). Commands below the
-    frontier are dropped after this step (the grouped apply, or
-    ``_AttachPin``). Rows come out canonical (as the table would return
+    frontier are dropped after this step (by the grouped or the stateful
+    apply). Rows come out canonical (as the table would return
     them), so comparing a new value with the prior read back from the table
     is exact. Commands are conformed ``VALIDATE_BATCH_ROWS`` at a time; each
     keeps its own timestamp and window.
@@ -385,7 +391,9 @@ class _Settle(beam.DoFn):
         self._counters = UpsertCounters()
 
     def process(self, refused, pin=None, ts=beam.DoFn.TimestampParam):
-        if pin["frontier"] is not None and ts.micros < pin["frontier"]:
+        # Unbounded input pins no version here (see expand): a refused row is
+        # invalid whatever its time.
+        if pin is not None and pin["frontier"] is not None and ts.micros < pin["frontier"]:
             self._counters.dropped_before_resume.inc()
             return
         self._counters.invalid.inc()
@@ -490,90 +498,172 @@ class _ApplyGrouped(beam.DoFn):
         self._counters.add_steps(tally)
 
 
-class _ApplyStateful(beam.DoFn):
-    """Stateful flavor: applies a key's commands when the watermark passes their time.
+def _stream_pin(settings: _Settings, run: str) -> Tuple[int, Optional[int]]:
+    """``(version, frontier)`` this run of an unbounded job started on.
 
-    The key's prior is read back from the pinned version on its first
-    firing; after that the key's state holds its value (or that it holds
-    none: a touched key never reads the table again, which our own commits
-    may not have reached yet).
+    The latest version, unless this run has committed already (a restore
+    from a checkpoint taken before the asking stage pinned): then the
+    version its commits started from, recorded in their metadata, so every
+    stage of one run reads the same priors and drops below the same
+    frontier, however often Flink restores it.
+    """
+    table = _open_or_create(settings)
+    prefix = _stream_token(settings, run, "")
+    if any(t.startswith(prefix) for t in table.snapshot.recent_tokens):
+        for version in range(table.version, -1, -1):
+            commit = table.checkout(version).snapshot.commit
+            if str(commit.get("token") or "").startswith(prefix):
+                start = int(commit["metadata"]["start_version"])
+                return start, table.checkout(start).frontier
+    return table.version, table.frontier
+
+
+def _stream_token(settings: _Settings, run: str, slot: Any) -> str:
+    return f"{settings.job_id or 'upsert'}/{run}/{slot}"
+
+
+class _ApplyStateful(beam.DoFn):
+    """Stateful flavor: applies each key's commands when the watermark passes their time.
+
+    Input: ``(shard, (encoded key, (time µs, offset, row | None)))`` from
+    :class:`beam_upsert.stateful.ShardKeys`. State and timers live per
+    state shard, not per key (``beam_upsert.stateful``'s design: a runner's
+    fixed cost is per stateful key, so this pays it per shard): process calls
+    append to the shard's stash and set one timer per (shard, time); a
+    firing at ``t`` reads the stash once, applies every key's commands at or
+    before ``t``, and rewrites the stash as one block
+    ``(BLOCK, values {key: KeyState}, pending {time: [[(offset, row, key)]]})``.
+
+    A shard pins the table version it reads priors from, and the frontier
+    below which commands are dropped, on its first command
+    (:func:`_stream_pin`). A key's prior is read back from the pinned
+    version on its first firing (all of a firing's new keys in one lookup);
+    after that the shard holds the key's state, even without a value, so a
+    touched key never reads the table again (which our own commits may not
+    have reached yet).
     """
 
-    STASH = BagStateSpec("stash", coders.FastPrimitivesCoder())
+    STASH = BagStateSpec("stash", coders.BytesCoder())
+    PIN = ReadModifyWriteStateSpec("pin", coders.FastPrimitivesCoder())
     APPLY = TimerSpec("apply", TimeDomain.WATERMARK)
 
-    def __init__(self, settings: _Settings) -> None:
+    def __init__(self, settings: _Settings, run: str) -> None:
         self._s = settings
+        self._run = run
 
     def setup(self):
         self._counters = UpsertCounters()
         self._handles = _Handles(self._s)
 
+    def start_bundle(self):
+        # Per bundle: (shard, time) timers already set (setting one again
+        # changes nothing, and each set is a message to the runner) and the
+        # pins read (a pin never changes once written).
+        self._set = set()
+        self._pins: Dict[int, tuple] = {}
+
+    def _pin(self, shard, pinned) -> tuple:
+        pin = self._pins.get(shard)
+        if pin is None:
+            pin = pinned.read()
+            if pin is None:
+                pin = tuple(_stream_pin(self._s, self._run))
+                pinned.write(pin)
+            self._pins[shard] = pin
+        return pin
+
     def process(self, element, stash=beam.DoFn.StateParam(STASH),
-                apply=beam.DoFn.TimerParam(APPLY)):
-        # The pin travels in the element: a stateful DoFn with a side input
-        # is not translated reliably (Beam picks its main input by set order).
-        micros, offset, row, pin = element[1]
-        stash.add((_STAMP_CMD, micros, offset, row, pin))
-        apply.set(Timestamp(micros=micros), dynamic_timer_tag=str(micros))
-
-    @on_timer(APPLY)
-    def apply_due(self, key=beam.DoFn.KeyParam, fired_at=beam.DoFn.TimestampParam,
-                  stash=beam.DoFn.StateParam(STASH)):
-        key = decode_key(key)
-        now = fired_at.micros
-        state, due, pending, pin = None, [], [], None
-        for entry in stash.read():
-            if entry[0] == _STAMP_CMD:
-                (due if entry[1] <= now else pending).append(entry)
-                pin = entry[4]
-            else:
-                state = KeyState(*entry[1:])
-        if not due:
-            return
-        touched = state is not None
-        if not touched:
-            lookup = self._handles.lookup(pin[0])
-            table = lookup.table
-            found = lookup.rows(_key_table([key], table.user_schema, table.primary_key),
-                                table.user_schema.names).to_pylist()
-            state = KeyState(found[0] if found else None)
-        applied = apply_times(state, ((e[1], e[2], e[3]) for e in due), key=key, late_ok=True)
-        stash.clear()
-        # A touched key keeps its state even without a value (unlike
-        # beam_upsert's), so it never reads a table our commits have not reached.
-        stash.add((_STAMP_STATE,) + tuple(applied.state))
-        for entry in pending:
-            stash.add(entry)
-        for _, offset, value, reason in applied.invalid:
-            self._counters.invalid.inc()
-            yield pvalue.TaggedOutput(INVALID_TAG, Invalid(UpsertCommand(key, value, offset),
-                                                           reason))
-        if not applied.steps:
-            return
-        tally = [0, 0, 0]
-        for _, old, new in applied.steps:
-            tally[step_kind(old, new)] += 1
-        self._counters.add_steps(tally)
-        value = applied.state.value
-        at = applied.steps[-1][0]
-        yield window.TimestampedValue(
-            (PUT, key, value, pin) if value is not None else (DEL, key, None, pin),
-            Timestamp(micros=at))
-
-
-class _AttachPin(beam.DoFn):
-    """Stateful flavor: drops commands below the pinned frontier; the others carry the pin."""
-
-    def setup(self):
-        self._counters = UpsertCounters()
-
-    def process(self, element, pin=None):
-        key, (micros, offset, row) = element
-        if pin["frontier"] is not None and micros < pin["frontier"]:
+                pinned=beam.DoFn.StateParam(PIN), apply=beam.DoFn.TimerParam(APPLY)):
+        shard, (key, (micros, offset, row)) = element
+        frontier = self._pin(shard, pinned)[1]
+        if frontier is not None and micros < frontier:
             self._counters.dropped_before_resume.inc()
             return
-        yield key, (micros, offset, row, (pin["version"], pin["run"]))
+        stash.add(encode_entry((_STAMP_CMD, micros, offset, row, key)))
+        tag = (shard, micros)
+        if tag not in self._set:
+            self._set.add(tag)
+            apply.set(Timestamp(micros=micros), dynamic_timer_tag=str(micros))
+
+    @on_timer(APPLY)
+    def apply_due(self, shard=beam.DoFn.KeyParam, tag=beam.DoFn.DynamicTimerTagParam,
+                  stash=beam.DoFn.StateParam(STASH), pinned=beam.DoFn.StateParam(PIN)):
+        # The time comes from the tag, not the firing's timestamp: Flink keeps
+        # timers in milliseconds, so a command at 1.0005 s would fire at
+        # 1.000 s and never be due.
+        now = int(tag)
+        # A timer set again after this firing in the same bundle must be set anew.
+        self._set.discard((shard, now))
+        values, pending, due, fresh = {}, {}, {}, {}
+        for raw in stash.read():
+            entry = decode_entry(raw)
+            if entry[0] == _STAMP_CMD:
+                _, time, offset, row, key = entry
+                if time <= now:
+                    due.setdefault(key, []).append((time, offset, row))
+                else:
+                    fresh.setdefault(time, []).append((offset, row, key))
+            else:
+                _, values, pending = entry
+        due_times = [time for time in pending if time <= now]
+        if not due and not due_times:
+            return  # an earlier firing of this shard already applied these times
+        for time in due_times:
+            for chunk in pending.pop(time):
+                for offset, row, key in decode_entry(chunk):
+                    due.setdefault(key, []).append((time, offset, row))
+        priors = self._priors([k for k in due if k not in values], self._pin(shard, pinned))
+        tally = [0, 0, 0]
+        for encoded, commands in due.items():
+            key = decode_key(encoded)
+            held = values.get(encoded)
+            state = KeyState(*decode_entry(held)) if held is not None \
+                else KeyState(priors.get(key))
+            applied = apply_times(state, commands, key=key, late_ok=True)
+            # A touched key keeps its state even without a value (unlike
+            # beam_upsert's), so it never reads a table our commits have not reached.
+            values[encoded] = encode_entry(tuple(applied.state))
+            for _, offset, value, reason in applied.invalid:
+                self._counters.invalid.inc()
+                yield pvalue.TaggedOutput(INVALID_TAG, Invalid(UpsertCommand(key, value, offset),
+                                                               reason))
+            if not applied.steps:
+                continue
+            for _, old, new in applied.steps:
+                tally[step_kind(old, new)] += 1
+            value = applied.state.value
+            yield window.TimestampedValue(
+                (PUT, key, value) if value is not None else (DEL, key, None),
+                Timestamp(micros=applied.steps[-1][0]))
+        self._counters.add_steps(tally)
+        for time, commands in fresh.items():
+            pending.setdefault(time, []).append(encode_entry(commands))
+        stash.clear()
+        stash.add(encode_entry((_STAMP_BLOCK, values, pending)))
+
+    def _priors(self, encoded: List[bytes], pin: tuple) -> Dict[Any, dict]:
+        """The live rows of keys first touched here, read back from the pinned version."""
+        if not encoded:
+            return {}
+        lookup = self._handles.lookup(pin[0])
+        table = lookup.table
+        names = table.primary_key
+        out: Dict[Any, dict] = {}
+        keys = [decode_key(k) for k in encoded]
+        for i in range(0, len(keys), LOOKUP_BATCH_KEYS):
+            found = lookup.rows(_key_table(keys[i:i + LOOKUP_BATCH_KEYS], table.user_schema,
+                                           names), table.user_schema.names).to_pylist()
+            out.update((_key_of(r, names), r) for r in found)
+        return out
+
+
+class _TimesAbove(beam.DoFn):
+    """Bounded stateful flavor: the times of commands at or above the pinned frontier."""
+
+    def process(self, element, pin=None):
+        micros = element[1][0]
+        if pin["frontier"] is None or micros >= pin["frontier"]:
+            yield micros
 
 
 class _LatestPerKey(beam.DoFn):
@@ -598,7 +688,7 @@ class _KeysToArrow(beam.DoFn):
 
 def _commit(settings: _Settings, *, entries: List[dict], keys: Optional[pa.Table],
             frontier: int, token: str, base_version: int,
-            stamp: Optional[dict]) -> Optional[CommitResult]:
+            stamp: Optional[dict], metadata: Optional[dict] = None) -> Optional[CommitResult]:
     """One upsert commit: new superfiles plus deletion vectors for the changed keys.
 
     Returns:
@@ -608,7 +698,7 @@ def _commit(settings: _Settings, *, entries: List[dict], keys: Optional[pa.Table
     table = Supertable.open(settings.uri, storage_options=settings.storage_options)
     batch = KeyBatch(keys, table.primary_key) if keys is not None and keys.num_rows else None
     entries = sorted(entries, key=lambda e: e["id"])
-    metadata = {"job": settings.job_id or token.rsplit("/", 1)[0]}
+    metadata = {"job": settings.job_id or token.rsplit("/", 1)[0], **(metadata or {})}
     before = table.version
     mutation = Mutation(table, "upsert", keys=batch, frontier=frontier, token=token,
                         metadata=metadata, base_version=base_version)
@@ -657,7 +747,12 @@ class _CommitStream(beam.DoFn):
 
     All changes gather on one key; a watermark timer per ``COMMIT_SLOT_US``
     of event time commits the changes up to the slot's end (the last one of
-    each key) and records the slot's end as the frontier.
+    each key) and records the slot's end as the frontier. The commit's
+    token names the run (fixed when the pipeline is built, so the same
+    across Flink restarts) and the slot: a slot committed after the
+    checkpoint a restarted job restores from finds its token and commits
+    nothing twice. Each commit records the version the run started on
+    (``start_version``), where a stage pinning after a restore reads from.
     """
 
     BUFFER = BagStateSpec("buffer", coders.FastPrimitivesCoder())
@@ -665,35 +760,49 @@ class _CommitStream(beam.DoFn):
     FRONT = ReadModifyWriteStateSpec("front", coders.FastPrimitivesCoder())
     FLUSH = TimerSpec("flush", TimeDomain.WATERMARK)
 
-    def __init__(self, settings: _Settings) -> None:
+    def __init__(self, settings: _Settings, run: str) -> None:
         self._s = settings
+        self._run = run
 
     def setup(self):
         self._commits = Metrics.counter(NAMESPACE, "commits")
         self._rows = Metrics.counter(NAMESPACE, "rows_committed")
 
+    def start_bundle(self):
+        self._set = set()      # slots whose timer this bundle set already
+        self._pinned = False   # the pin is in state (it never changes once written)
+
     def process(self, element, ts=beam.DoFn.TimestampParam,
                 buffer=beam.DoFn.StateParam(BUFFER), pinned=beam.DoFn.StateParam(PIN),
                 flush=beam.DoFn.TimerParam(FLUSH)):
-        kind, key, row, pin = element[1]
-        if pinned.read() is None:
-            pinned.write(pin)
+        kind, key, row = element[1]
+        if not self._pinned:
+            if pinned.read() is None:
+                pinned.write(tuple(_stream_pin(self._s, self._run)))
+            self._pinned = True
         micros = ts.micros
         buffer.add((micros, kind, key, row))
         slot_end = (micros // COMMIT_SLOT_US + 1) * COMMIT_SLOT_US
-        flush.set(Timestamp(micros=slot_end - 1), dynamic_timer_tag=str(slot_end))
+        if slot_end not in self._set:
+            self._set.add(slot_end)
+            flush.set(Timestamp(micros=slot_end - 1), dynamic_timer_tag=str(slot_end))
 
     @on_timer(FLUSH)
-    def commit_due(self, fired_at=beam.DoFn.TimestampParam,
+    def commit_due(self, tag=beam.DoFn.DynamicTimerTagParam,
                    buffer=beam.DoFn.StateParam(BUFFER), pinned=beam.DoFn.StateParam(PIN),
                    front=beam.DoFn.StateParam(FRONT)):
-        now = fired_at.micros
+        # The slot's end comes from the tag: Flink keeps timers in
+        # milliseconds, so the firing's timestamp (the slot's end - 1 µs)
+        # arrives as the slot's end - 1 ms, and the frontier recorded would
+        # be 999 µs short of the DirectRunner's.
+        now = int(tag) - 1
+        self._set.discard(now + 1)
         due, pending = [], []
         for entry in buffer.read():
             (due if entry[0] <= now else pending).append(entry)
         if not due:
             return
-        pin = pinned.read()
+        version, start_frontier = pinned.read()
         table = Supertable.open(self._s.uri, storage_options=self._s.storage_options)
         latest: Dict[Any, tuple] = {}
         for entry in sorted(due, key=lambda e: e[0]):   # stable: arrival order within a time
@@ -707,19 +816,20 @@ class _CommitStream(beam.DoFn):
         # changes below a frontier that says they are in.
         own = front.read()
         if own is None:
-            own = Supertable.open(self._s.uri, version=pin[0],
-                                  storage_options=self._s.storage_options).frontier or 0
+            own = start_frontier or 0
         frontier = max(now + 1, own)
         result = _commit(self._s, entries=list(entries), keys=keys, frontier=frontier,
-                         token=f"{self._s.job_id or 'upsert'}/{pin[1]}/{now + 1}",
-                         base_version=pin[0], stamp=stamp.get("grid"))
+                         token=_stream_token(self._s, self._run, now + 1),
+                         base_version=version, stamp=stamp.get("grid"),
+                         metadata={"run": self._run, "start_version": version})
         front.write(frontier)
         buffer.clear()
         for entry in pending:
             buffer.add(entry)
         if result is not None:
-            self._commits.inc()
-            self._rows.inc(result.rows)
+            if not result.deduplicated:
+                self._commits.inc()
+                self._rows.inc(result.rows)
             yield result
 
 
@@ -752,6 +862,9 @@ class UpsertToSupertable(beam.PTransform):
         flavor: ``"grouped"`` (bounded input), ``"stateful"`` (watermark
             timers; any input) or ``"auto"``: grouped for bounded input,
             stateful otherwise.
+        state_shards: the stateful flavor's keys are hashed onto this many
+            stateful keys (state and timers per shard, not per key; see
+            ``beam_upsert.stateful``).
 
     Note:
         Bounded input lands as ONE commit recording ``frontier`` = the
@@ -772,7 +885,8 @@ class UpsertToSupertable(beam.PTransform):
                  vector_column: Optional[str] = None, metric: str = "l2",
                  fts_columns: Sequence[str] = (), storage_options: Optional[dict] = None,
                  job_id: Optional[str] = None, flavor: Flavor = "auto",
-                 label: Optional[str] = None) -> None:
+                 label: Optional[str] = None, *,
+                 state_shards: int = DEFAULT_STATE_SHARDS) -> None:
         super().__init__(label)
         where = "UpsertToSupertable"
         if not isinstance(uri, str) or not uri:
@@ -781,6 +895,10 @@ class UpsertToSupertable(beam.PTransform):
             raise ValueError(f"{where}: flavor must be one of {FLAVORS}, got {flavor!r}")
         if metric not in METRICS:
             raise ValueError(f"{where}: metric must be one of {METRICS}, got {metric!r}")
+        if not isinstance(state_shards, int) or isinstance(state_shards, bool) \
+                or state_shards < 1:
+            raise ValueError(f"{where}: state_shards must be a positive int, got "
+                             f"{state_shards!r}")
         check_metric(metric)
         if job_id is not None and (not isinstance(job_id, str) or not job_id):
             raise ValueError(f"{where}: job_id must be a non-empty str, got {job_id!r}")
@@ -811,6 +929,7 @@ class UpsertToSupertable(beam.PTransform):
         self._settings = _Settings(uri, storage_options, schema, names, vector_column, metric,
                                    tuple(fts_columns), job_id)
         self._flavor = flavor
+        self._state_shards = state_shards
         self._with_invalid = False
 
     def with_invalid_output(self) -> "UpsertToSupertable":
@@ -831,9 +950,16 @@ class UpsertToSupertable(beam.PTransform):
         if flavor == "grouped" and not bounded:
             raise ValueError("UpsertToSupertable: flavor='grouped' needs bounded input; use "
                              "'stateful' or 'auto' for unbounded input")
+        # Bounded input pins one version for the whole run (a side input).
+        # Unbounded input has no side input: one from a one-element source
+        # does not survive Flink's restore from a checkpoint (its source has
+        # finished; the restored job sees it empty), so the stateful stages
+        # pin for themselves (_stream_pin) and the run is named here, once
+        # for every restart of the job.
         pin = beam.pvalue.AsSingleton(
             commands.pipeline | "Start" >> beam.Create([None])
-            | "Pin" >> beam.ParDo(_Pin(s)))
+            | "Pin" >> beam.ParDo(_Pin(s))) if bounded else None
+        run = uuid.uuid4().hex
         if not isinstance(commands.windowing.windowfn, window.GlobalWindows):
             # An upsert is per key over all time: windowing must not split it.
             commands = commands | "GlobalWindow" >> beam.WindowInto(window.GlobalWindows())
@@ -853,11 +979,14 @@ class UpsertToSupertable(beam.PTransform):
                            INVALID_TAG, _TIMES_TAG, main="changes"))
             times = applied[_TIMES_TAG]
         else:
-            pinned = keyed | "AttachPin" >> beam.ParDo(_AttachPin(), pin).with_output_types(
-                Tuple[bytes, Any])
-            applied = pinned | "Apply" >> beam.ParDo(_ApplyStateful(s)).with_outputs(
-                INVALID_TAG, main="changes")
-            times = pinned | "Times" >> beam.Map(lambda kv: kv[1][0]) if bounded else None
+            applied = (keyed
+                       | "Shard" >> beam.ParDo(ShardKeys(self._state_shards)).with_output_types(
+                           Tuple[int, Any])
+                       | "Apply" >> beam.ParDo(_ApplyStateful(s, run)).with_outputs(
+                           INVALID_TAG, main="changes"))
+            # Bounded input: the frontier is the greatest time applied, so
+            # commands below the pinned frontier (already in) do not count.
+            times = keyed | "Times" >> beam.ParDo(_TimesAbove(), pin) if bounded else None
         invalid.append(applied[INVALID_TAG])
         changes = applied.changes
         if bounded:
@@ -873,7 +1002,7 @@ class UpsertToSupertable(beam.PTransform):
             commits = (changes
                        | "OneKey" >> beam.Map(lambda c: (0, c)).with_output_types(
                            Tuple[int, Any])
-                       | "Commit" >> beam.ParDo(_CommitStream(s)).with_output_types(
+                       | "Commit" >> beam.ParDo(_CommitStream(s, run)).with_output_types(
                            CommitResult))
         if not self._with_invalid:
             return commits
@@ -906,6 +1035,7 @@ class UpsertToSupertable(beam.PTransform):
             "primary_key": DisplayDataItem(", ".join(s.primary_key or ()) or "(the table's)",
                                            label="Primary key"),
             "flavor": DisplayDataItem(self._flavor, label="Flavor"),
+            "state_shards": DisplayDataItem(self._state_shards, label="State shards"),
             "job_id": DisplayDataItem(s.job_id or "(one per run)", label="Job id"),
             "vector_column": DisplayDataItem(s.vector_column or "", label="Vector column"),
             "metric": DisplayDataItem(s.metric, label="Metric"),

@@ -57,6 +57,9 @@ BLOCK = "b"
 # one object.
 _ENTRY_CODER = coders.FastPrimitivesCoder()
 _encode, _decode = _ENTRY_CODER.encode, _ENTRY_CODER.decode
+# The same, for other per-shard stateful DoFns (beam_supertable's
+# UpsertToSupertable keeps its shard stashes this way too).
+encode_entry, decode_entry = _encode, _decode
 # Enough shards to spread over the parallelism of a large job, few enough
 # that per-shard costs (a bundle, a state round trip) stay small.
 DEFAULT_STATE_SHARDS = 64

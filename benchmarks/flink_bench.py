@@ -28,6 +28,11 @@ identical table contents.
 Each line also gives the job start (seconds from submitting the pipeline
 to its first bundle: on Flink ``[local]`` the job server's JVM and the
 embedded cluster starting) and items per second after it.
+* ``upsert-table-stream``: the same commands as an unbounded stream (the
+  file's PCollection declared unbounded) into ``UpsertToSupertable`` on an
+  empty keyed table (``key``, ``value``): the stateful flavor per state
+  shard and one commit per second of event time (10 commits). Runs on
+  ``direct`` and ``flink-streaming`` only.
 
 Besides items per wall-clock second, each line gives items per CPU-second
 of the submitting process, where the DirectRunner and LOOPBACK workers run:
@@ -67,8 +72,9 @@ from benchmarks import upsert_bench
 DATA = upsert_bench.DATA
 SMALL_COMMANDS, SMALL_PRIOR = 20_000, 2_500
 WRITE_ROWS, SMALL_WRITE_ROWS, DIM = 50_000, 5_000, 64
-CASES = ("pardo", "grouped", "stateful", "write", "upsert-table")
+CASES = ("pardo", "grouped", "stateful", "write", "upsert-table", "upsert-table-stream")
 TABLE_SCHEMA = pa.schema([pa.field("key", pa.string(), nullable=False), ("value", pa.int64())])
+STREAM_CASES = ("upsert-table-stream",)   # unbounded input: no Flink batch run
 RUNNERS = ("direct", "flink", "flink-streaming")
 
 
@@ -145,6 +151,24 @@ class _MarkStart(beam.DoFn):
         os.close(fd)
 
 
+def _command_row(command):
+    """A benchmark command as a command on the (key, value) table."""
+    from beam_upsert import UpsertCommand
+    value = None if command.value is None else {"key": command.key, "value": command.value}
+    return UpsertCommand(command.key, value, command.offset)
+
+
+def _upsert_table_stream(p, commands: str, table: str) -> None:
+    """``upsert-table-stream``: the command file, declared unbounded, into UpsertToSupertable."""
+    from beam_supertable import UpsertToSupertable
+    cmds = (p | "Read" >> beam.io.ReadFromText(commands)
+            | "Parse" >> beam.Map(upsert_bench.parse_command)
+            | "AsRows" >> beam.Map(_command_row))
+    cmds.is_bounded = False   # a stream replayed from a file: the unbounded path
+    schema = pa.schema([("key", pa.string()), ("value", pa.int64())])
+    _ = cmds | UpsertToSupertable(table, schema=schema, primary_key="key")
+
+
 class _Drain(beam.DoFn):
     def process(self, element):
         return ()
@@ -181,7 +205,9 @@ def run_case(case: str, runner: str, args) -> dict:
         t0, wall0, cpu0 = time.perf_counter(), time.time(), _cpu()
         with beam.Pipeline(options=options) as p:
             _ = p | "Start" >> beam.Create([None]) | "MarkStart" >> beam.ParDo(_MarkStart(started))
-            if case == "write":
+            if case == "upsert-table-stream":
+                _upsert_table_stream(p, commands, uri)
+            elif case == "write":
                 n = SMALL_WRITE_ROWS if args.small else WRITE_ROWS
                 src = _rows_file(n)
                 _ = (p | beam.io.ReadFromParquet(src)
@@ -205,7 +231,7 @@ def run_case(case: str, runner: str, args) -> dict:
         seconds, cpu = time.perf_counter() - t0, _cpu() - cpu0
         with open(started) as f:
             start = float(f.read()) - wall0
-        if case in ("write", "upsert-table"):
+        if case in ("write", "upsert-table", "upsert-table-stream"):
             contents = _contents(uri)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -263,6 +289,8 @@ def main(argv=None):
     for case in cases:
         for runner in runners:
             if case in ("write", "pardo", "upsert-table") and runner == "flink-streaming":
+                continue
+            if case in STREAM_CASES and runner == "flink":
                 continue
             done = subprocess.run(
                 [sys.executable, "-m", "benchmarks.flink_bench", "--one", f"--case={case}",

@@ -16,6 +16,7 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.test_stream import TestStream
 from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms.window import TimestampedValue
+from apache_beam.utils.timestamp import Timestamp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -412,3 +413,54 @@ def test_commands_reach_the_first_shuffle_without_a_side_input_step(tmp_path):
     for t in pardos:
         payload = beam_runner_api_pb2.ParDoPayload.FromString(t.spec.payload)
         assert not payload.side_inputs, f"{t.unique_name} takes a side input"
+
+
+# -- the stateful flavor per state shard ---------------------------------------------------
+def _stream_batches_run(uri, batches, *, state_shards):
+    """``batches``: ``[(time_micros, [(key, row | None, offset), ...]), ...]`` in
+    ascending time; the watermark passes each batch's time after it."""
+    stream = TestStream()
+    for at, commands in batches:
+        stream = stream.add_elements([TimestampedValue(UpsertCommand(k, r, o),
+                                                       Timestamp(micros=at))
+                                      for k, r, o in commands])
+        # (TestStream watermarks are whole milliseconds.)
+        stream = stream.advance_watermark_to(Timestamp(micros=(at // 1000 + 1) * 1000))
+    p = TestPipeline(options=PipelineOptions(streaming=True))
+    _ = (p | stream.advance_watermark_to_infinity()
+         | UpsertToSupertable(uri, schema=SCHEMA, primary_key="id", state_shards=state_shards))
+    p.run().wait_until_finish()
+
+
+_batch = st.lists(st.tuples(st.integers(0, 30), st.booleans(), st.integers(0, 3)),
+                  min_size=1, max_size=10)
+
+
+@settings(max_examples=6, deadline=None)
+@given(raw=st.lists(_batch, min_size=1, max_size=4), shards=st.sampled_from([1, 2]))
+def test_keys_sharing_a_state_shard_equal_the_reference(raw, shards):
+    # Many keys on one or two state shards: a firing applies only the keys
+    # with commands due, keeps every other key's value and pending commands,
+    # and collapses same-time commands by offset (sent in reverse order).
+    # Times fall inside a commit slot and off whole milliseconds.
+    uri = f"memory://upsert-shards/{uuid.uuid4().hex}"
+    offsets = iter(range(10_000, 0, -1))
+    batches, items = [], []
+    for i, commands in enumerate(raw):
+        at = (10 + i) * S + 1_234 * i + 7
+        batch = []
+        for k, gone, same in commands:
+            o = next(offsets) + same * 100_000   # larger `same`: later in offset order
+            row = None if gone else _row(k, f"{k}@{i}/{o}")
+            batch.append((k, row, o))
+            items.append((k, row, o, at / S))
+        batches.append((at, batch))
+    _stream_batches_run(uri, batches, state_shards=shards)
+    assert _table(uri) == _model(items)
+    live = Supertable.open(uri).to_arrow(columns=["id"])["id"].to_pylist()
+    assert len(live) == len(set(live))
+
+
+def test_state_shards_is_validated_at_construction():
+    with pytest.raises(ValueError, match="state_shards must be a positive int, got 0"):
+        UpsertToSupertable("memory://x", state_shards=0)

@@ -26,6 +26,19 @@ JOBMANAGER = "org.apache.flink.runtime.entrypoint.StandaloneSessionClusterEntryp
 TASKMANAGER = "org.apache.flink.runtime.taskexecutor.TaskManagerRunner"
 BASH_JAVA_UTILS = "org.apache.flink.runtime.util.bash.BashJavaUtils"
 RESULT_PREFIX = "BASH_JAVA_UTILS_EXEC_RESULT:"
+# What Flink's own flink-conf.yaml passes every JVM on Java 17
+# (``env.java.opts.all``): Kryo reflects into JDK classes. Without them a
+# streaming job that pushes back elements waiting for a side input fails
+# ("Unable to make field ... java.util.Arrays$ArrayList.a accessible").
+JAVA_17_OPTS = [
+    "--add-exports=java.base/sun.net.util=ALL-UNNAMED",
+    "--add-exports=java.rmi/sun.rmi.registry=ALL-UNNAMED",
+    "--add-exports=java.security.jgss/sun.security.krb5=ALL-UNNAMED",
+    *(f"--add-opens=java.base/{package}=ALL-UNNAMED" for package in (
+        "java.lang", "java.net", "java.io", "java.nio", "sun.nio.ch", "java.lang.reflect",
+        "java.text", "java.time", "java.util", "java.util.concurrent",
+        "java.util.concurrent.atomic", "java.util.locks")),
+]
 
 
 def _free_port() -> int:
@@ -84,6 +97,11 @@ class FlinkCluster:
             # A killed TaskManager is noticed within seconds, not the default 50 s.
             "heartbeat.interval": 2000,
             "heartbeat.timeout": 10000,
+            # Streaming jobs with --checkpointing_interval: checkpoints go to
+            # files under the work dir (the JobManager's memory would do for a
+            # TaskManager failure, but caps each state at 5 MB).
+            "state.backend.type": "hashmap",
+            "state.checkpoints.dir": "file://" + os.path.join(self.work_dir, "checkpoints"),
         }
         with open(os.path.join(self.conf_dir, "flink-conf.yaml"), "w") as f:
             for key, value in conf.items():
@@ -101,7 +119,7 @@ class FlinkCluster:
         jvm, dynamic = params[0], params[1] if len(params) > 1 else []
         log = open(os.path.join(self.work_dir, f"{name}.log"), "ab")
         return subprocess.Popen(
-            ["java", *jvm, "-cp", self.classpath, main, "--configDir", self.conf_dir, *dynamic],
+            ["java", *jvm, *JAVA_17_OPTS, "-cp", self.classpath, main, "--configDir", self.conf_dir, *dynamic],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def start(self, timeout: float = 90) -> "FlinkCluster":

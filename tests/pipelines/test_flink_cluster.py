@@ -243,3 +243,208 @@ def test_stateful_upsert_on_external_worker_processes_equals_reference(
     # Real worker processes, started by the pool, not threads of this process.
     assert workers and all(parent == worker_pool.process.pid for _, parent in workers), workers
     assert os.getpid() not in {pid for pid, _ in workers}
+
+
+# -- a streaming UpsertToSupertable job, killed mid-stream ---------------------------------------
+STREAM_BATCHES = 80    # one batch per second of event time: one commit slot each
+
+
+def _write_stream_file(path, n_keys, batches, seed, start_s):
+    """A command file for :class:`_CommandStream`: one JSON batch per line,
+    ``{"at": seconds, "commands": [[key, row | null, offset], ...]}``."""
+    import random
+    rnd = random.Random(seed)
+    offset = 0
+    with open(path, "w") as f:
+        for i in range(batches):
+            batch = []
+            for _ in range(rnd.randrange(40, 80)):
+                offset += 1
+                k = rnd.randrange(n_keys)
+                row = None if rnd.random() < 0.15 else {"id": k, "name": f"n{offset}",
+                                                       "score": rnd.random()}
+                batch.append([k, row, offset])
+            # Same key, same time, offsets against arrival order: the greater wins.
+            k = rnd.randrange(n_keys)
+            batch.append([k, {"id": k, "name": f"wins-{i}", "score": 1.0}, offset + 2])
+            batch.append([k, {"id": k, "name": f"loses-{i}", "score": 0.0}, offset + 1])
+            offset += 2
+            f.write(json.dumps({"at": start_s + i, "commands": batch}) + "\n")
+
+
+def _read_batches(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+class _CommandsOfBatches(beam.DoFn):
+    """A command file's batches -> upsert commands, each at its batch's time."""
+
+    def process(self, path):
+        from apache_beam.transforms.window import TimestampedValue
+
+        from beam_upsert import UpsertCommand
+        for batch in _read_batches(path):
+            for key, row, offset in batch["commands"]:
+                yield TimestampedValue(UpsertCommand(key, row, offset), batch["at"])
+
+
+class _CommandStream(beam.PTransform):
+    """A command file as an unbounded stream of timestamped upsert commands.
+
+    A plain ParDo after a one-element Create, with its output declared
+    unbounded, so UpsertToSupertable takes its unbounded path (per-firing
+    commits). The Beam sources that are unbounded by construction do not
+    work here: behind a splittable DoFn (PeriodicImpulse, or an SDF
+    reading this file), Beam 2.62's portable Flink runner never fires the
+    downstream watermark timers in streaming mode (every command reached
+    the stateful stage, no timer fired, the job finished with an empty
+    table), and PeriodicImpulse's deferred remainder never resumed.
+    """
+
+    def __init__(self, path):
+        super().__init__()
+        self._path = path
+
+    def expand(self, pbegin):
+        commands = (pbegin | "File" >> beam.Create([self._path])
+                    | "Read" >> beam.ParDo(_CommandsOfBatches()))
+        commands.is_bounded = False
+        return commands
+
+
+def _clean_stream_run(uri, schema, path):
+    """The same batches as a TestStream on the DirectRunner: the watermark
+    passes each batch's time after the batch."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.testing.test_stream import TestStream
+    from apache_beam.transforms.window import TimestampedValue
+
+    from beam_supertable import UpsertToSupertable
+    from beam_upsert import UpsertCommand
+    stream = TestStream()
+    for batch in _read_batches(path):
+        stream = stream.add_elements([TimestampedValue(UpsertCommand(k, r, o), batch["at"])
+                                      for k, r, o in batch["commands"]])
+        stream = stream.advance_watermark_to(batch["at"] + 0.5)
+    p = beam.Pipeline(options=PipelineOptions(streaming=True))
+    _ = (p | stream.advance_watermark_to_infinity()
+         | UpsertToSupertable(uri, schema=schema, primary_key="id"))
+    p.run().wait_until_finish()
+
+
+def _last_per_key(path):
+    """The reference: each key's command with the greatest (time, offset)."""
+    last = {}
+    for batch in _read_batches(path):
+        for k, row, offset in batch["commands"]:
+            if k not in last or (batch["at"], offset) > last[k][0]:
+                last[k] = ((batch["at"], offset), row)
+    return sorted((row for _, row in last.values() if row), key=lambda r: r["id"])
+
+
+def _checkpoints_completed(cluster, job_id):
+    try:
+        return cluster.rest(f"/jobs/{job_id}/checkpoints")["counts"]["completed"]
+    except (OSError, KeyError):
+        return 0
+
+
+def test_streaming_upsert_to_supertable_on_the_cluster_equals_a_clean_run(cluster, tmp_path):
+    # The unbounded path on Flink in streaming mode: one commit per second of
+    # event time, the same table and the same frontier as the DirectRunner
+    # (Flink keeps timers in milliseconds; the frontier comes from the timer's
+    # tag, not its truncated timestamp).
+    import pyarrow as pa
+
+    from beam_supertable import UpsertToSupertable
+    schema = pa.schema([("id", pa.int64()), ("name", pa.string()), ("score", pa.float64())])
+    path = str(tmp_path / "commands.jsonl")
+    _write_stream_file(path, 200, 12, seed=4, start_s=1_767_225_600)
+    clean = str(tmp_path / "clean")
+    _clean_stream_run(clean, schema, path)
+    uri = str(tmp_path / "flink")
+    p = beam.Pipeline(options=_options(cluster, "--streaming"))
+    _ = p | _CommandStream(path) | UpsertToSupertable(uri, schema=schema, primary_key="id")
+    p.run().wait_until_finish()
+    want, got = Supertable.open(clean), Supertable.open(uri)
+    assert got.frontier == want.frontier == (1_767_225_600 + 12) * 1_000_000
+    assert [h["operation"] for h in got.history()].count("upsert") == 12
+
+    def live(t):
+        return sorted(t.to_arrow(columns=["id", "name", "score"]).to_pylist(),
+                      key=lambda r: r["id"])
+    assert live(got) == live(want) == _last_per_key(path)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "Beam 2.62's portable Flink runner fires no watermark timer of this job once "
+    "checkpointing is on: with --checkpointing_interval Beam keeps sources alive (the "
+    "watermark never moves), and with --shutdown_sources_after_idle_ms the job FINISHES "
+    "with every command in the stateful stage and no timer fired (Upsert('stateful') in the "
+    "same job likewise), so the table stays empty; see the streaming notes in the report"))
+def test_streaming_upsert_to_supertable_survives_a_killed_taskmanager_like_a_clean_run(
+        cluster, tmp_path):
+    # A streaming job (--streaming, a checkpoint every second) reads an
+    # unbounded source into UpsertToSupertable, which commits once per second
+    # of event time. Once a checkpoint has completed and a commit has landed,
+    # the TaskManager is SIGKILLed and replaced: Flink restores the last
+    # checkpoint (the upsert's shard state, the committer's buffer, the
+    # source's position) and fires again what came after it; the commits that
+    # landed after that checkpoint find their tokens. The table must equal a
+    # clean run's: same live rows, same frontier, no key twice, nothing lost.
+    import pyarrow as pa
+
+    from beam_supertable import UpsertToSupertable
+    schema = pa.schema([("id", pa.int64()), ("name", pa.string()), ("score", pa.float64())])
+    path = str(tmp_path / "commands.jsonl")
+    _write_stream_file(path, 400, STREAM_BATCHES, seed=8, start_s=1_767_225_600)
+
+    clean = str(tmp_path / "clean")
+    _clean_stream_run(clean, schema, path)
+    want = Supertable.open(clean)
+    assert want.version > STREAM_BATCHES // 2          # one commit per slot, not one in all
+
+    uri = str(tmp_path / "killed")
+    # The source's impulse holds the watermark until it shuts down (Beam keeps
+    # Flink sources alive while checkpointing unless told otherwise): 5 s
+    # lets checkpoints complete with every command in the job's state first.
+    p = beam.Pipeline(options=_options(cluster, "--streaming", "--checkpointing_interval=1000",
+                                       "--shutdown_sources_after_idle_ms=5000"))
+    commands = p | _CommandStream(path)
+    _ = commands | UpsertToSupertable(uri, schema=schema, primary_key="id")
+    result = p.run()
+    victim = cluster.taskmanagers[-1]
+    job_id = _wait_until_running(cluster)
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        try:
+            landed = Supertable.open(uri).frontier is not None
+        except FileNotFoundError:
+            landed = False
+        if landed and _checkpoints_completed(cluster, job_id) >= 1:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("no commit and completed checkpoint before the kill")
+    killed_at = Supertable.open(uri).frontier
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait()
+    assert killed_at < want.frontier, "the stream had already been committed: not mid-stream"
+    cluster.start_taskmanager()
+    result.wait_until_finish()
+
+    assert cluster.job_exceptions(job_id), "the job went through no failure"
+    assert cluster.rest(f"/jobs/{job_id}")["state"] == "FINISHED"
+    assert cluster.rest(f"/jobs/{job_id}/checkpoints")["counts"]["restored"] >= 1
+    got = Supertable.open(uri)
+    assert got.frontier == want.frontier
+    fronts = [got.checkout(v).frontier for v in range(1, got.version + 1)]
+    assert fronts == sorted(fronts)                    # only ever moved forward
+
+    def live(t):
+        return sorted(t.to_arrow(columns=["id", "name", "score"]).to_pylist(),
+                      key=lambda r: r["id"])
+    rows = live(got)
+    assert len({r["id"] for r in rows}) == len(rows)   # no key twice
+    assert rows == live(want) == _last_per_key(path) and len(rows) > 300
