@@ -1,0 +1,234 @@
+"""Hostile review of session 18's changes: tokens, BM25, columnar keys, dense search, UpsertToSupertable."""
+
+import math
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+from apache_beam.transforms.window import TimestampedValue
+
+from beam_supertable import Supertable, TokenReuseError, UpsertToSupertable
+from beam_upsert import UpsertCommand
+
+D = 4
+SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("emb", pa.list_(pa.float32(), D))])
+CSCHEMA = pa.schema([("a", pa.string()), ("b", pa.int64()), ("name", pa.string())])
+S = 1_000_000
+
+
+def _row(i, name, v=None):
+    return {"id": i, "name": name, "emb": [float(v if v is not None else i % 7), 1.0, 0.0, 0.5]}
+
+
+def _run(uri, items, *, expect_commits=None, **kwargs):
+    p = TestPipeline()
+    result = (p | beam.Create([TimestampedValue(UpsertCommand(k, r, o), t)
+                               for k, r, o, t in items])
+              | UpsertToSupertable(uri, **kwargs).with_invalid_output())
+    if expect_commits is not None:
+        assert_that(result.commits | beam.Map(lambda c: (c.rows, c.deduplicated)),
+                    equal_to(expect_commits), label="Commits")
+    out = p.run()
+    out.wait_until_finish()
+    return out
+
+
+def _rows(uri, cols):
+    t = Supertable.open(uri)
+    return sorted(t.to_arrow(columns=cols).to_pylist(), key=lambda r: tuple(r[c] for c in cols))
+
+
+BATCH = [
+    (1, _row(1, "a"), 1, 10),
+    (2, _row(2, "b"), 2, 10),
+    (2, _row(2, "b2"), 3, 11),
+    (3, _row(3, "c"), 4, 10),
+    (3, None, 5, 12),
+    (9, None, 6, 10),                    # delete of a key never written
+]
+EXPECT = [{"id": 1, "name": "a"}, {"id": 2, "name": "b2"}]
+
+
+@pytest.mark.parametrize("flavor", ["grouped", "stateful"])
+def test_bounded_rerun_same_job_id_writes_nothing(tmp_path, flavor):
+    uri = str(tmp_path / "t")
+    create = dict(schema=SCHEMA, primary_key="id", flavor=flavor, job_id="job-1")
+    _run(uri, BATCH, **create)
+    t = Supertable.open(uri)
+    v, frontier = t.version, t.frontier
+    assert frontier == 12 * S + 1
+    assert _rows(uri, ["id", "name"]) == EXPECT
+    _run(uri, BATCH, expect_commits=[], **create)
+    t = Supertable.open(uri)
+    assert (t.version, t.frontier) == (v, frontier)
+    assert _rows(uri, ["id", "name"]) == EXPECT
+    assert t.count_rows() == 2
+
+
+@pytest.mark.parametrize("flavor", ["grouped", "stateful"])
+def test_only_deletes_of_unknown_keys_and_commands_below_frontier(tmp_path, flavor):
+    uri = str(tmp_path / "t")
+    create = dict(schema=SCHEMA, primary_key="id", flavor=flavor)
+    _run(uri, BATCH, **create)
+    v = Supertable.open(uri).version
+    # Below the frontier: all dropped, nothing committed.
+    _run(uri, [(1, _row(1, "old"), 1, 5), (7, _row(7, "x"), 2, 12)], expect_commits=[], **create)
+    assert Supertable.open(uri).version == v
+    assert _rows(uri, ["id", "name"]) == EXPECT
+    # Only deletes of keys the table never held, above the frontier.
+    _run(uri, [(50, None, 1, 30), (51, None, 2, 31)], **create)
+    t = Supertable.open(uri)
+    assert _rows(uri, ["id", "name"]) == EXPECT
+    assert t.frontier in (12 * S + 1, 31 * S + 1)
+
+
+@pytest.mark.parametrize("flavor", ["grouped", "stateful"])
+def test_composite_key_rerun_and_delete(tmp_path, flavor):
+    uri = str(tmp_path / "t")
+    items = [
+        (("x", 1), {"a": "x", "b": 1, "name": "x1"}, 1, 10),
+        (("x", 2), {"a": "x", "b": 2, "name": "x2"}, 2, 10),
+        (("y", 1), {"a": "y", "b": 1, "name": "y1"}, 3, 10),
+        (("x", 2), None, 4, 11),
+        (("z", 9), None, 5, 11),
+    ]
+    create = dict(schema=CSCHEMA, primary_key=["a", "b"], flavor=flavor, job_id="c")
+    _run(uri, items, **create)
+    want = [{"a": "x", "b": 1, "name": "x1"}, {"a": "y", "b": 1, "name": "y1"}]
+    assert _rows(uri, ["a", "b", "name"]) == want
+    v = Supertable.open(uri).version
+    _run(uri, items, expect_commits=[], **create)
+    assert Supertable.open(uri).version == v
+    assert _rows(uri, ["a", "b", "name"]) == want
+    later = [(("x", 1), {"a": "x", "b": 1, "name": "x1b"}, 6, 20), (("y", 1), None, 7, 20)]
+    _run(uri, later, **create)
+    assert _rows(uri, ["a", "b", "name"]) == [{"a": "x", "b": 1, "name": "x1b"}]
+
+
+# -- tokens ----------------------------------------------------------------------------
+def test_token_reused_with_other_rows_after_the_window_is_refused(tmp_path):
+    uri = str(tmp_path / "t")
+    t = Supertable.create(uri, pa.schema([("id", pa.int64())]))
+    t.append(pa.table({"id": [0]}), token="tok-0")
+    for i in range(1, 140):
+        t.append(pa.table({"id": [i]}), token=f"tok-{i}")
+    t = Supertable.open(uri)
+    v = t.version
+    assert t.append(pa.table({"id": [0]}), token="tok-0") == 1
+    assert Supertable.open(uri).version == v
+    with pytest.raises(TokenReuseError):
+        Supertable.open(uri).append(pa.table({"id": [12345]}), token="tok-0")
+    assert Supertable.open(uri).version == v
+    assert Supertable.open(uri).count_rows() == 140
+
+
+def test_upsert_token_reused_after_the_window_on_a_keyed_table(tmp_path):
+    uri = str(tmp_path / "t")
+    t = Supertable.create(uri, pa.schema([("id", pa.int64()), ("x", pa.int64())]), primary_key="id")
+    first = t.upsert(pa.table({"id": [1], "x": [1]}), token="u-0")
+    for i in range(2, 140):
+        t.upsert(pa.table({"id": [i], "x": [i]}), token=f"u-{i}")
+    t = Supertable.open(uri)
+    v = t.version
+    # The same upsert again (a rerun): the landed version, nothing new.
+    assert t.upsert(pa.table({"id": [1], "x": [1]}), token="u-0") == first
+    with pytest.raises(TokenReuseError):
+        t.upsert(pa.table({"id": [1], "x": [99]}), token="u-0")
+    t = Supertable.open(uri)
+    assert t.version == v
+    assert t.count_rows(pc.field("id") == 1) == 1
+    assert t.to_arrow(filter=pc.field("id") == 1)["x"].to_pylist() == [1]
+
+
+# -- dense (small-table) search ---------------------------------------------------------
+def _vec_table(uri, n=50, metric="l2"):
+    rng = np.random.default_rng(0)
+    vecs = rng.normal(size=(n, D)).astype(np.float32)
+    schema = pa.schema([("id", pa.int64()), ("g", pa.int64()), ("emb", pa.list_(pa.float32(), D))])
+    t = Supertable.create(uri, schema, primary_key="id", vector_column="emb", metric=metric)
+    t.append(pa.table({"id": np.arange(n), "g": np.arange(n) % 5,
+                       "emb": pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel()), D)},
+                      schema=schema))
+    return Supertable.open(uri), vecs
+
+
+def _ids(res):
+    return res["id"].to_pylist()
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_dense_search_after_delete_and_upsert_same_and_stale_handle(tmp_path, batch):
+    uri = str(tmp_path / "t")
+    t, vecs = _vec_table(uri)
+    q = vecs[7]
+    stale = Supertable.open(uri)
+
+    def top(handle, k=3):
+        extra = dict(recall_target=1.0) if k > 3 else {}
+        if batch:
+            res = handle.search(vector=np.stack([q, q]), k=k, columns=["id"], **extra)
+            assert _ids(res.filter(pc.field("_query") == 0)) == _ids(
+                res.filter(pc.field("_query") == 1))
+            return _ids(res.filter(pc.field("_query") == 0))
+        return _ids(handle.search(vector=q, k=k, columns=["id"], **extra))
+    assert top(t)[0] == 7
+    assert top(stale)[0] == 7   # warm the stale handle's caches
+    t.delete(pc.field("id") == 7)
+    assert 7 not in top(t)
+    assert top(Supertable.open(uri))[0] != 7
+    assert top(stale)[0] == 7   # the stale handle still reads its own version
+    t.upsert(pa.table({"id": [8], "g": [0], "emb": pa.FixedSizeListArray.from_arrays(
+        pa.array(np.asarray(q, np.float32)), D)}, schema=t.user_schema))
+    assert top(t)[0] == 8
+    assert top(t, k=60).count(8) == 1
+    assert top(Supertable.open(uri), k=60).count(8) == 1
+    assert len(top(t, k=60)) == 49
+
+
+@pytest.mark.parametrize("metric", ["l2", "cosine", "dot"])
+def test_dense_search_zero_match_filter_and_k_above_size(tmp_path, metric):
+    uri = str(tmp_path / "t")
+    t, vecs = _vec_table(uri, metric=metric)
+    q = vecs[3]
+    assert t.search(vector=q, k=5, filter=pc.field("g") == 99, columns=["id"]).num_rows == 0
+    res = t.search(vector=np.stack([q, q]), k=5, filter=pc.field("g") == 99, columns=["id"])
+    assert res.num_rows == 0
+    every = dict(columns=["id"], recall_target=1.0)
+    assert sorted(_ids(t.search(vector=q, k=500, **every))) == list(range(50))
+    both = t.search(vector=np.stack([q, q]), k=500, **every)
+    assert sorted(_ids(both)) == sorted(list(range(50)) * 2)
+    sel = t.search(vector=q, k=500, filter=pc.field("g") == 2, **every)
+    assert sorted(_ids(sel)) == list(range(2, 50, 5))
+    sel = t.search(vector=np.stack([q, q]), k=500, filter=pc.field("g") == 2, **every)
+    assert sorted(_ids(sel)) == sorted(list(range(2, 50, 5)) * 2)
+    sel = t.search(vector=q, k=3, filter=pc.field("g") == 2, columns=["id"], recall_target=0.95)
+    assert len(_ids(sel)) == 3
+
+
+def test_cosine_zero_vectors(tmp_path):
+    uri = str(tmp_path / "t")
+    schema = pa.schema([("id", pa.int64()), ("emb", pa.list_(pa.float32(), D))])
+    t = Supertable.create(uri, schema, vector_column="emb", metric="cosine")
+    vecs = np.eye(D, dtype=np.float32)
+    vecs = np.vstack([vecs, np.zeros((1, D), np.float32)])
+    t.append(pa.table({"id": np.arange(len(vecs)), "emb": pa.FixedSizeListArray.from_arrays(
+        pa.array(vecs.ravel()), D)}, schema=schema))
+    t = Supertable.open(uri)
+    res = t.search(vector=vecs[1], k=5, columns=["id"])
+    assert _ids(res)[0] == 1
+    scores = [c for c in res.column_names if c not in ("id",)]
+    for c in scores:
+        if pa.types.is_floating(res[c].type):
+            assert all(not math.isnan(x) for x in res[c].to_pylist()), c
+    zero = t.search(vector=np.zeros(D, np.float32), k=5, columns=["id"])
+    for c in zero.column_names:
+        if pa.types.is_floating(zero[c].type):
+            assert all(not math.isnan(x) for x in zero[c].to_pylist()), c
+    batch = t.search(vector=np.stack([vecs[1], np.zeros(D, np.float32)]), k=5, columns=["id"])
+    for c in batch.column_names:
+        if pa.types.is_floating(batch[c].type):
+            assert all(not math.isnan(x) for x in batch[c].to_pylist()), c
