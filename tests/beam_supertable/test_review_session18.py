@@ -232,3 +232,37 @@ def test_cosine_zero_vectors(tmp_path):
     for c in batch.column_names:
         if pa.types.is_floating(batch[c].type):
             assert all(not math.isnan(x) for x in batch[c].to_pylist()), c
+
+
+@pytest.mark.parametrize("flavor", ["grouped", "stateful"])
+def test_commands_without_timestamps_then_rerun(tmp_path, flavor):
+    """beam.Create without timestamps stamps every command at Beam's minimum time."""
+    uri = str(tmp_path / "t")
+    cmds = [UpsertCommand(1, _row(1, "a"), 1), UpsertCommand(2, _row(2, "b"), 2),
+            UpsertCommand(2, _row(2, "b2"), 3)]
+    for attempt in range(2):
+        p = TestPipeline()
+        _ = (p | beam.Create(cmds)
+             | UpsertToSupertable(uri, schema=SCHEMA, primary_key="id", flavor=flavor))
+        p.run().wait_until_finish()
+        t = Supertable.open(uri)
+        if attempt == 0:
+            v = t.version
+        assert t.version == v
+        assert _rows(uri, ["id", "name"]) == [{"id": 1, "name": "a"}, {"id": 2, "name": "b2"}]
+
+
+@pytest.mark.parametrize("flavor", ["grouped", "stateful"])
+def test_mixed_batch_below_and_above_the_frontier(tmp_path, flavor):
+    uri = str(tmp_path / "t")
+    create = dict(schema=SCHEMA, primary_key="id", flavor=flavor)
+    _run(uri, BATCH, **create)
+    mixed = [(1, _row(1, "stale"), 1, 11), (1, _row(1, "new"), 2, 20),
+             (2, None, 3, 12), (4, _row(4, "d"), 4, 13)]
+    _run(uri, mixed, expect_commits=[(2, False)], **create)
+    t = Supertable.open(uri)
+    assert t.frontier == 20 * S + 1
+    assert _rows(uri, ["id", "name"]) == [{"id": 1, "name": "new"}, {"id": 2, "name": "b2"},
+                                          {"id": 4, "name": "d"}]
+    _run(uri, mixed, expect_commits=[], **create)
+    assert Supertable.open(uri).version == t.version
