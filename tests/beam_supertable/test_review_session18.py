@@ -330,3 +330,33 @@ def test_retry_after_a_crash_whose_lost_version_was_vacuumed(tmp_path):
     t.vacuum(retain_versions=1, older_than=0)
     v = Supertable.open(uri).append(pa.table({"id": [99]}), token="crashed")
     assert Supertable.open(uri).count_rows() == 6 and v == 6
+
+
+
+@pytest.mark.parametrize("flavor", ["grouped", "stateful"])
+def test_bad_commands_go_to_invalid_and_good_ones_land(tmp_path, flavor):
+    uri = str(tmp_path / "t")
+    items = [
+        (1, _row(1, "ok"), 1, 10),
+        ("1", _row(1, "str key"), 2, 10),                 # key of the wrong type
+        (2, {"id": 2, "name": 5, "emb": [1.0, 1, 0, 0]}, 3, 10),   # name not a string
+        (3, {"name": "no id", "emb": [1.0, 1, 0, 0]}, 4, 10),      # key column missing
+        (4, _row(4, "offset nan"), float("nan"), 10),
+        (5, _row(5, "ok5"), 5, 10),
+        (5, _row(5, "bad offset class"), "x", 10),        # offsets of two classes at a key
+    ]
+    p = TestPipeline()
+    result = (p | beam.Create([TimestampedValue(UpsertCommand(k, r, o), t)
+                               for k, r, o, t in items])
+              | UpsertToSupertable(uri, schema=SCHEMA, primary_key="id", flavor=flavor)
+              .with_invalid_output())
+
+    def check(got):
+        assert len(got) >= 4, got
+        for needle in ("str key", "offset nan", "no id"):
+            assert any(needle in r for r in got), (needle, got)
+    assert_that(result.invalid | beam.Map(lambda i: repr(i.element)), check)
+    p.run().wait_until_finish()
+    names = {r["id"]: r["name"] for r in _rows(uri, ["id", "name"])}
+    assert names.get(1) in ("ok", None) and 2 not in names and 3 not in names and 4 not in names
+    assert names.get(1) == "ok", names
