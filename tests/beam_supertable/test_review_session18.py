@@ -360,3 +360,45 @@ def test_bad_commands_go_to_invalid_and_good_ones_land(tmp_path, flavor):
     names = {r["id"]: r["name"] for r in _rows(uri, ["id", "name"])}
     assert names.get(1) in ("ok", None) and 2 not in names and 3 not in names and 4 not in names
     assert names.get(1) == "ok", names
+
+
+@pytest.mark.parametrize("metric", ["l2", "cosine"])
+def test_dense_search_same_answer_after_optimize_on_every_handle(tmp_path, metric):
+    uri = str(tmp_path / "t")
+    t, vecs = _vec_table(uri, metric=metric)
+    rng = np.random.default_rng(1)
+    more = rng.normal(size=(30, D)).astype(np.float32)
+    t.append(pa.table({"id": np.arange(50, 80), "g": np.arange(30) % 5,
+                       "emb": pa.FixedSizeListArray.from_arrays(pa.array(more.ravel()), D)},
+                      schema=t.user_schema))
+    t.delete(pc.field("id").isin([3, 7, 60]))
+    qs = np.vstack([vecs[:4], more[:4]])
+    every = dict(k=10, columns=["id"], recall_target=1.0)
+
+    def answer(h):
+        res = h.search(vector=qs, **every)
+        return [_ids(res.filter(pc.field("_query") == i)) for i in range(len(qs))]
+    before = answer(t)
+    stale = Supertable.open(uri)
+    assert answer(stale) == before
+    t.optimize()
+    assert answer(t) == before
+    assert answer(stale) == before
+    assert answer(Supertable.open(uri)) == before
+    singles = [_ids(Supertable.open(uri).search(vector=q, **every)) for q in qs]
+    assert singles == before
+
+
+@pytest.mark.parametrize("flavor", ["grouped", "stateful"])
+def test_commands_at_the_frontier_boundary(tmp_path, flavor):
+    from apache_beam.utils.timestamp import Timestamp
+    uri = str(tmp_path / "t")
+    create = dict(schema=SCHEMA, primary_key="id", flavor=flavor)
+    _run(uri, BATCH, **create)
+    f = Supertable.open(uri).frontier
+    items = [(1, _row(1, "just below"), 1, Timestamp(micros=f - 1)),
+             (2, _row(2, "at"), 2, Timestamp(micros=f))]
+    _run(uri, items, expect_commits=[(1, False)], **create)
+    t = Supertable.open(uri)
+    assert t.frontier == f + 1
+    assert _rows(uri, ["id", "name"]) == [{"id": 1, "name": "a"}, {"id": 2, "name": "at"}]
