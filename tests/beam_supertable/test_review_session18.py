@@ -298,38 +298,45 @@ def test_bm25_after_upserts_and_two_deletes_equals_a_fresh_table(tmp_path):
         assert hits(Supertable.open(str(tmp_path / "a")), q) == want, q
 
 
-def _crash_marker(uri, token, version):
+def _crash_marker(table, token, version):
     """What a tokened commit that died between its marker and its version leaves
     (the marker layout documented in beam_supertable.manifest)."""
     import hashlib
     import json
-    import os
-    folder = os.path.join(uri, "_supertable", "tokens",
-                          hashlib.sha256(token.encode()).hexdigest())
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, f"{version:020d}.json"), "w") as f:
-        json.dump({"token": token, "version": version}, f, sort_keys=True)
+    path = (f"_supertable/tokens/{hashlib.sha256(token.encode()).hexdigest()}/"
+            f"{version:020d}.json")
+    table.store.put_if_absent(path, json.dumps({"token": token, "version": version},
+                                               sort_keys=True).encode())
 
 
-def test_retry_after_a_crash_whose_version_another_writer_took(tmp_path):
-    uri = str(tmp_path / "t")
-    t = Supertable.create(uri, pa.schema([("id", pa.int64())]))
-    _crash_marker(uri, "crashed", 1)                    # died before creating version 1
+def test_retry_after_a_crash_whose_version_another_writer_took(table_location):
+    uri, options = table_location
+    t = Supertable.create(uri, pa.schema([("id", pa.int64())]), storage_options=options)
+    _crash_marker(t, "crashed", 1)                      # died before creating version 1
     t.append(pa.table({"id": [1]}))                     # another writer takes version 1
-    v = Supertable.open(uri).append(pa.table({"id": [2]}), token="crashed")
-    assert v == 2 and Supertable.open(uri).count_rows() == 2
-    assert Supertable.open(uri).append(pa.table({"id": [2]}), token="crashed") == 2
+    v = Supertable.open(uri, storage_options=options).append(pa.table({"id": [2]}),
+                                                             token="crashed")
+    assert v == 2 and Supertable.open(uri, storage_options=options).count_rows() == 2
+    assert Supertable.open(uri, storage_options=options).append(
+        pa.table({"id": [2]}), token="crashed") == 2
 
 
-def test_retry_after_a_crash_whose_lost_version_was_vacuumed(tmp_path):
-    uri = str(tmp_path / "t")
-    t = Supertable.create(uri, pa.schema([("id", pa.int64())]))
-    _crash_marker(uri, "crashed", 1)
+def test_retry_after_a_crash_whose_lost_version_was_vacuumed(table_location):
+    """Vacuum drops a marker whose version holds another commit before it drops
+    that version: the token never landed, so its retry commits (it was refused
+    for good with TokenReuseError); a token that did land stays refused."""
+    uri, options = table_location
+    t = Supertable.create(uri, pa.schema([("id", pa.int64())]), storage_options=options)
+    _crash_marker(t, "crashed", 1)
     for i in range(5):
-        t.append(pa.table({"id": [i]}))                 # version 1 is another writer's
+        t.append(pa.table({"id": [i]}), token="landed" if i == 1 else None)  # v1: another's
     t.vacuum(retain_versions=1, older_than=0)
-    v = Supertable.open(uri).append(pa.table({"id": [99]}), token="crashed")
-    assert Supertable.open(uri).count_rows() == 6 and v == 6
+    t = Supertable.open(uri, storage_options=options)
+    v = t.append(pa.table({"id": [99]}), token="crashed")
+    assert t.count_rows() == 6 and v == 6
+    with pytest.raises(TokenReuseError):   # landed (its version vacuumed where mtimes allow)
+        t.append(pa.table({"id": [1234]}), token="landed")
+    assert Supertable.open(uri, storage_options=options).count_rows() == 6
 
 
 
