@@ -409,3 +409,44 @@ def test_commands_at_the_frontier_boundary(tmp_path, flavor):
     t = Supertable.open(uri)
     assert t.frontier == f + 1
     assert _rows(uri, ["id", "name"]) == [{"id": 1, "name": "a"}, {"id": 2, "name": "at"}]
+
+
+def test_delete_token_reused_with_another_filter_after_the_window(tmp_path):
+    uri = str(tmp_path / "t")
+    t = Supertable.create(uri, pa.schema([("id", pa.int64())]))
+    t.append(pa.table({"id": list(range(10))}))
+    t.delete(pc.field("id") == 0, token="del-0")
+    for i in range(1, 140):
+        t.append(pa.table({"id": [100 + i]}), token=f"a-{i}")
+    t = Supertable.open(uri)
+    v = t.version
+    assert t.delete(pc.field("id") == 0, token="del-0") == 2
+    with pytest.raises(TokenReuseError):
+        t.delete(pc.field("id") == 5, token="del-0")
+    t = Supertable.open(uri)
+    assert t.version == v and t.count_rows(pc.field("id") == 5) == 1
+
+
+TSCHEMA = pa.schema([("id", pa.int64()), ("body", pa.string()),
+                     ("emb", pa.list_(pa.float32(), D))])
+
+
+@pytest.mark.parametrize("flavor", ["grouped", "stateful"])
+def test_replaced_rows_leave_text_and_vector_search(tmp_path, flavor):
+    uri = str(tmp_path / "t")
+    create = dict(schema=TSCHEMA, primary_key="id", vector_column="emb",
+                  fts_columns=("body",), flavor=flavor)
+
+    def row(i, body):
+        return {"id": i, "body": body, "emb": [float(i), 1.0, 0.0, 0.0]}
+    _run(uri, [(i, row(i, f"old{i} common"), i, 10) for i in range(6)], **create)
+    _run(uri, [(1, row(1, "new1 common"), 10, 20), (2, None, 11, 20)], **create)
+    again = Supertable.open(uri)
+    for t in (again, Supertable.open(uri)):
+        assert t.search(text="old1", k=10).num_rows == 0
+        assert t.search(text="old2", k=10).num_rows == 0
+        assert _ids(t.search(text="new1", k=10, columns=["id"])) == [1]
+        assert sorted(_ids(t.search(text="common", k=10, columns=["id"]))) == [0, 1, 3, 4, 5]
+        hits = _ids(t.search(vector=[1.0, 1.0, 0.0, 0.0], k=10, columns=["id"],
+                             recall_target=1.0))
+        assert sorted(hits) == [0, 1, 3, 4, 5]
