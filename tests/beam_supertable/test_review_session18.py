@@ -450,3 +450,28 @@ def test_replaced_rows_leave_text_and_vector_search(tmp_path, flavor):
         hits = _ids(t.search(vector=[1.0, 1.0, 0.0, 0.0], k=10, columns=["id"],
                              recall_target=1.0))
         assert sorted(hits) == [0, 1, 3, 4, 5]
+
+
+@pytest.mark.parametrize("flavor", ["grouped", "stateful"])
+def test_small_batch_limits_give_the_same_table(tmp_path, monkeypatch, flavor):
+    """Every flush path (validation batches, shard lists, lookup batches, Arrow
+    batches) taken many times gives the table the default limits give."""
+    import beam_supertable.upsert_write as uw
+    items = [(k % 23, _row(k % 23, f"n{k}") if k % 5 else None, k, 10 + k % 4)
+             for k in range(120)]
+    _run(str(tmp_path / "big"), items, schema=SCHEMA, primary_key="id", flavor=flavor)
+    for name in ("VALIDATE_BATCH_ROWS", "SHARD_PART_COMMANDS", "LOOKUP_BATCH_KEYS",
+                 "ARROW_BATCH_ROWS"):
+        monkeypatch.setattr(uw, name, 2)
+    small = str(tmp_path / "small")
+    _run(small, items, schema=SCHEMA, primary_key="id", flavor=flavor)
+    assert _rows(small, ["id", "name"]) == _rows(str(tmp_path / "big"), ["id", "name"])
+    last = {}
+    for k, r, o, t in sorted(items, key=lambda c: (c[3], c[2])):
+        last[k] = r
+    assert _rows(small, ["id", "name"]) == sorted(
+        ({"id": k, "name": r["name"]} for k, r in last.items() if r is not None),
+        key=lambda r: r["id"])
+    t = Supertable.open(small)
+    assert t.frontier == Supertable.open(str(tmp_path / "big")).frontier
+    assert t.count_rows() == len({r["id"] for r in t.to_arrow(columns=["id"]).to_pylist()})
