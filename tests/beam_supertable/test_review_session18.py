@@ -475,3 +475,34 @@ def test_small_batch_limits_give_the_same_table(tmp_path, monkeypatch, flavor):
     t = Supertable.open(small)
     assert t.frontier == Supertable.open(str(tmp_path / "big")).frontier
     assert t.count_rows() == len({r["id"] for r in t.to_arrow(columns=["id"]).to_pylist()})
+
+
+@pytest.mark.parametrize("flavor", ["grouped", "stateful"])
+def test_rows_without_a_vector_on_a_vector_table(tmp_path, flavor):
+    """A row lacking the indexed vector (or with a NaN in it) goes to invalid; it
+    failed the job in the build step (conform filled the missing vector column
+    with nulls, so validation let the row through)."""
+    uri = str(tmp_path / "t")
+    items = [(1, _row(1, "ok"), 1, 10),
+             (2, {"id": 2, "name": "no vector"}, 2, 10),
+             (3, {"id": 3, "name": "nan", "emb": [float("nan"), 0.0, 0.0, 0.0]}, 3, 10)]
+    p = TestPipeline()
+    result = (p | beam.Create([TimestampedValue(UpsertCommand(k, r, o), t)
+                               for k, r, o, t in items])
+              | UpsertToSupertable(uri, schema=SCHEMA, primary_key="id", vector_column="emb",
+                                   flavor=flavor).with_invalid_output())
+    invalid = result.invalid | beam.Map(lambda i: i.element[0])
+    assert_that(invalid, equal_to([2, 3]))
+    p.run().wait_until_finish()
+    t = Supertable.open(uri)
+    assert 1 in [r["id"] for r in t.to_arrow(columns=["id"]).to_pylist()]
+    assert _ids(t.search(vector=[1.0, 1.0, 0.0, 0.5], k=5, columns=["id"]))[0] == 1
+
+
+
+def test_append_without_the_vector_column_names_it(tmp_path):
+    from beam_supertable import SchemaMismatchError
+    t = Supertable.create(str(tmp_path / "t"), SCHEMA, vector_column="emb")
+    with pytest.raises(SchemaMismatchError, match="vector column 'emb' is missing"):
+        t.append(pa.table({"id": [1], "name": ["x"]}))
+    assert Supertable.open(str(tmp_path / "t")).version == 0
