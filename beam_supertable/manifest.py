@@ -990,10 +990,36 @@ class Manifest:
             if version is not None:
                 removed_versions.append(version)
             removed.append(info)
+        removed += self._stale_markers(objects, removed_versions)
         return VacuumPlan(tuple(sorted(removed_versions)),
                           tuple(sorted(removed, key=lambda i: i.path)),
                           tuple(sorted(keep)), tuple(sorted(waiting, key=lambda i: i.path)),
                           grace)
+
+    def _stale_markers(self, objects: Sequence[ObjectInfo],
+                       removed_versions: Sequence[int]) -> List[ObjectInfo]:
+        """Token markers of versions about to go that another token's commit holds.
+
+        Such a marker's attempt lost its race; once its version is gone
+        nothing could tell so, and the token would be refused for good. One
+        read per removed version that markers name (normally none).
+        """
+        going = set(removed_versions)
+        named: Dict[int, List[ObjectInfo]] = {}
+        for info in objects:
+            if info.path.startswith(TOKENS + "/"):
+                version = _marker_version(info.path)
+                if version in going:
+                    named.setdefault(version, []).append(info)
+        stale = []
+        for version, markers in named.items():
+            doc = self._try_version(version)
+            if doc is None:
+                continue  # already gone: whether a marker landed cannot be told
+            token = doc.get("commit", {}).get("token")
+            held = token_folder(token) + "/" if token is not None else None
+            stale += [m for m in markers if held is None or not m.path.startswith(held)]
+        return stale
 
     def vacuum(self, *, retain_versions: int = 10,
                older_than: Union[float, datetime.timedelta, None] = None,
@@ -1015,7 +1041,9 @@ class Manifest:
             # Versions first (oldest first), then what only they referenced: a
             # vacuum cut short leaves orphans, never a listed version whose
             # parts or data are gone. Kept versions reference nothing removed.
+            # Stale token markers go before the versions that show them stale.
             for info in sorted(plan.removed_objects,
-                               key=lambda i: (not i.path.startswith(VERSIONS), i.path)):
+                               key=lambda i: (not i.path.startswith(TOKENS),
+                                              not i.path.startswith(VERSIONS), i.path)):
                 self.store.delete(info.path)
         return plan.report()

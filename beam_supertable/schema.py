@@ -91,6 +91,11 @@ def conform(uri: str, data: Data, user_schema: pa.Schema,
     cols = []
     for field in user_schema:
         if field.name not in table.column_names:
+            if field.name == vector_column:
+                # Checked here too: filled with nulls, the rows would fail later
+                # (or worse) instead of naming the column.
+                raise SchemaMismatchError(
+                    f"{uri}: vector column {field.name!r} is missing; every row needs a vector")
             if not field.nullable:
                 raise SchemaMismatchError(f"{uri}: non-nullable column {field.name!r} is missing")
             cols.append(pa.nulls(table.num_rows, field.type))
