@@ -131,6 +131,14 @@ def test_token_found_beyond_the_recent_window_with_base_version(table, table_loc
         mf.RECENT_TOKENS = window
 
 
+def _old_token_out_of_window(m):
+    """Commits token "old" (version 1), then six more tokened commits after it."""
+    m.commit(CommitRequest(add_entries=(_entry(0),), token="old"))
+    for i in range(6):
+        m.commit(CommitRequest(add_entries=(_entry(i + 1),), token=f"stream/{i}"))
+    return m
+
+
 def test_a_token_past_the_recent_window_is_found_without_a_base_version(
         table, table_location, monkeypatch):
     """A rerun plans on a version after its token landed, so it has no
@@ -139,10 +147,7 @@ def test_a_token_past_the_recent_window_is_found_without_a_base_version(
     from beam_supertable import manifest as mf
     monkeypatch.setattr(mf, "RECENT_TOKENS", 3)
     uri, options = table_location
-    m = Manifest(ObjectStore(uri, options))
-    m.commit(CommitRequest(add_entries=(_entry(0),), token="old"))
-    for i in range(6):
-        m.commit(CommitRequest(add_entries=(_entry(i + 1),), token=f"stream/{i}"))
+    m = _old_token_out_of_window(Manifest(ObjectStore(uri, options)))
     again = m.commit(CommitRequest(add_entries=(_entry(0),), token="old"))
     assert again.version == 1 and again.deduplicated
     with pytest.raises(TokenReuseError, match="old"):
@@ -175,10 +180,7 @@ def test_a_token_past_the_window_whose_version_was_vacuumed_is_refused(
     from beam_supertable import manifest as mf
     monkeypatch.setattr(mf, "RECENT_TOKENS", 3)
     uri, options = table_location
-    m = Manifest(ObjectStore(uri, options))
-    m.commit(CommitRequest(add_entries=(_entry(0),), token="old"))
-    for i in range(6):
-        m.commit(CommitRequest(add_entries=(_entry(i + 1),), token=f"stream/{i}"))
+    m = _old_token_out_of_window(Manifest(ObjectStore(uri, options)))
     m.vacuum(retain_versions=2, older_than=0)
     with pytest.raises(TokenReuseError, match="vacuumed"):
         m.commit(CommitRequest(add_entries=(_entry(0),), token="old"))
