@@ -54,9 +54,17 @@ def _write(uri, elements, options=None, **kw):
     return result
 
 
+@pytest.mark.slow    # the scale check: 20-30 s a backend
 def test_round_trip_50000_rows(table_location):
+    _round_trip(table_location, 50_000)
+
+
+def test_round_trip_5000_rows(table_location):
+    _round_trip(table_location, 5_000)
+
+
+def _round_trip(table_location, n):
     uri, options = table_location
-    n = 50_000
     p = TestPipeline()
     commits = p | beam.Create(_elements(n), reshuffle=False) | WriteToSupertable(
         uri, schema=SCHEMA, vector_column="emb", fts_columns=["body"], storage_options=options)
@@ -131,6 +139,7 @@ def test_exactly_once_when_build_and_commit_fail_once(tmp_path, monkeypatch):
     assert sorted(Supertable.open(uri).to_arrow(columns=["n"])["n"].to_pylist()) == list(range(4000))
 
 
+@pytest.mark.slow    # two real processes, each a Beam job: about 20 s
 def test_two_pipelines_writing_at_once_both_land(tmp_path):
     uri = str(tmp_path / "t")
     Supertable.create(uri, SCHEMA, vector_column="emb", fts_columns=["body"])

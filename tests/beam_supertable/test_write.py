@@ -84,6 +84,7 @@ def test_a_table_created_meanwhile_with_the_same_settings_is_written(tmp_path):
         {"n": 1, "body": "a"}]
 
 
+@pytest.mark.slow    # two real processes, each a Beam job: about 20 s
 def test_two_processes_create_the_same_missing_table_at_once(tmp_path):
     uri = str(tmp_path / "t")
     procs = [subprocess.Popen(

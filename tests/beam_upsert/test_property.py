@@ -8,6 +8,7 @@ snapshots may repeat a key. Changes and refused elements are both checked.
 
 import apache_beam as beam
 import pyarrow as pa
+import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.utils.timestamp import Timestamp
@@ -72,9 +73,25 @@ def _prior_table(prior):
                      "value": pa.array([v for _, v in prior], pa.int64())})
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+_PROPERTY = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
+
+
+# Each example runs a Beam pipeline (about 6 s here): the full run is slow,
+# a few examples of the same property keep it in the default run.
+@pytest.mark.slow
+@settings(max_examples=40, **_PROPERTY)
 @given(workloads())
 def test_every_path_equals_the_reference(workload):
+    _check_every_path(workload)
+
+
+@settings(max_examples=3, **_PROPERTY)
+@given(workloads())
+def test_every_path_equals_the_reference_on_a_few_workloads(workload):
+    _check_every_path(workload)
+
+
+def _check_every_path(workload):
     commands, prior, resume_at = workload
     expected, expected_invalid = reference(commands, prior, resume_at)
     columnar_ok = not any(isinstance(c[2], tuple) for c in commands)
