@@ -9,6 +9,9 @@ import time
 
 import apache_beam as beam
 import pytest
+from apache_beam.transforms.timeutil import TimeDomain
+from apache_beam.transforms.userstate import TimerSpec, on_timer
+from apache_beam.utils.timestamp import Timestamp
 
 from beam_supertable import ReadFromSupertable, Supertable, WriteToSupertable
 from beam_supertable.transforms import FAIL_FIRST_ENV
@@ -246,7 +249,7 @@ def test_stateful_upsert_on_external_worker_processes_equals_reference(
 
 
 # -- a streaming UpsertToSupertable job, killed mid-stream ---------------------------------------
-STREAM_BATCHES = 80    # one batch per second of event time: one commit slot each
+STREAM_BATCHES = 40    # one batch per second of event time: one commit slot each
 
 
 def _write_stream_file(path, n_keys, batches, seed, start_s):
@@ -294,12 +297,13 @@ class _CommandStream(beam.PTransform):
 
     A plain ParDo after a one-element Create, with its output declared
     unbounded, so UpsertToSupertable takes its unbounded path (per-firing
-    commits). The Beam sources that are unbounded by construction do not
-    work here: behind a splittable DoFn (PeriodicImpulse, or an SDF
-    reading this file), Beam 2.62's portable Flink runner never fires the
-    downstream watermark timers in streaming mode (every command reached
-    the stateful stage, no timer fired, the job finished with an empty
-    table), and PeriodicImpulse's deferred remainder never resumed.
+    commits). The watermark jumps to +inf once (Beam's Flink Impulse sends
+    it right after its element), so every slot commits in one step at the
+    end; :class:`_PacedCommandStream` advances it batch by batch. The Beam
+    sources that are unbounded by construction do not work here: a
+    splittable DoFn's deferred remainder never resumes on Beam 2.62's
+    portable Flink runner (PeriodicImpulse, or an SDF over this file: the
+    first batch came out, nothing after it).
     """
 
     def __init__(self, path):
@@ -309,6 +313,68 @@ class _CommandStream(beam.PTransform):
     def expand(self, pbegin):
         commands = (pbegin | "File" >> beam.Create([self._path])
                     | "Read" >> beam.ParDo(_CommandsOfBatches()))
+        commands.is_bounded = False
+        return commands
+
+
+class _PaceBatches(beam.DoFn):
+    """Emits a command file's batches one event-time step at a time.
+
+    One watermark timer, chained: the firing at batch ``i``'s time emits
+    batch ``i`` and sets the timer at batch ``i + 1``'s time, whose hold
+    keeps this stage's output watermark there. Beam's Flink Impulse sends
+    the final watermark right after its element, so without this every
+    stage downstream sees +inf at once and fires all its timers (every
+    commit of the stream) in one step that no checkpoint barrier can pass
+    (an operator fires its due timers before it lets a barrier through).
+    Here each step is its own bundle: the watermark moves one batch at a
+    time, commits land one slot at a time, and checkpoints complete in
+    between. (Processing-time timers cannot pace it: once the input
+    watermark is +inf, Beam's Flink runner drops them as late.)
+    """
+
+    TICK = TimerSpec("tick", TimeDomain.WATERMARK)
+
+    def __init__(self, path):
+        self._path = path
+
+    def setup(self):
+        self._batches = _read_batches(self._path)
+
+    def process(self, element, tick=beam.DoFn.TimerParam(TICK)):
+        tick.set(Timestamp(self._batches[0]["at"]), dynamic_timer_tag="0")
+
+    @on_timer(TICK)
+    def emit(self, tag=beam.DoFn.DynamicTimerTagParam, tick=beam.DoFn.TimerParam(TICK)):
+        from apache_beam.transforms.window import TimestampedValue
+
+        from beam_upsert import UpsertCommand
+        i = int(tag)
+        if i == len(self._batches):
+            return
+        batch = self._batches[i]
+        for key, row, offset in batch["commands"]:
+            yield TimestampedValue(UpsertCommand(key, row, offset), batch["at"])
+        if i + 1 < len(self._batches):
+            tick.set(Timestamp(self._batches[i + 1]["at"]), dynamic_timer_tag=str(i + 1))
+        elif i + 1 == len(self._batches):
+            # One empty step after the last batch: a step's output can wait
+            # in the stage's checkpoint buffer until the next step flushes it.
+            tick.set(Timestamp(batch["at"] + 1), dynamic_timer_tag=str(i + 1))
+
+
+class _PacedCommandStream(beam.PTransform):
+    """A command file as an unbounded stream whose watermark advances batch
+    by batch (:class:`_PaceBatches`), declared unbounded like
+    :class:`_CommandStream`."""
+
+    def __init__(self, path):
+        super().__init__()
+        self._path = path
+
+    def expand(self, pbegin):
+        commands = (pbegin | "Start" >> beam.Create([(0, None)])
+                    | "Pace" >> beam.ParDo(_PaceBatches(self._path)))
         commands.is_bounded = False
         return commands
 
@@ -377,14 +443,6 @@ def test_streaming_upsert_to_supertable_on_the_cluster_equals_a_clean_run(cluste
     assert live(got) == live(want) == _last_per_key(path)
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "not strict: it passed once on the merged code (2026-12-03 08:39) and failed on its "
-    "branch; cause unexplained. The failing runs: "
-    "Beam 2.62's portable Flink runner fires no watermark timer of this job once "
-    "checkpointing is on: with --checkpointing_interval Beam keeps sources alive (the "
-    "watermark never moves), and with --shutdown_sources_after_idle_ms the job FINISHES "
-    "with every command in the stateful stage and no timer fired (Upsert('stateful') in the "
-    "same job likewise), so the table stays empty; see the streaming notes in the report"))
 def test_streaming_upsert_to_supertable_survives_a_killed_taskmanager_like_a_clean_run(
         cluster, tmp_path):
     # A streaming job (--streaming, a checkpoint every second) reads an
@@ -408,12 +466,18 @@ def test_streaming_upsert_to_supertable_survives_a_killed_taskmanager_like_a_cle
     assert want.version > STREAM_BATCHES // 2          # one commit per slot, not one in all
 
     uri = str(tmp_path / "killed")
-    # The source's impulse holds the watermark until it shuts down (Beam keeps
-    # Flink sources alive while checkpointing unless told otherwise): 5 s
-    # lets checkpoints complete with every command in the job's state first.
+    # The paced source moves the watermark one batch per step, so commits
+    # land one slot at a time with checkpoints between them.
+    # --finish_bundle_before_checkpointing: by default Beam finishes a bundle
+    # inside the snapshot and buffers its output in the checkpoint, to be
+    # sent on the stage's next element or watermark; a stage that gets
+    # neither (the one after the Impulse) holds it until the job ends.
+    # Beam keeps the Impulse source (and the job) alive while checkpointing
+    # until it has been idle this long; it starts again with a restored job.
     p = beam.Pipeline(options=_options(cluster, "--streaming", "--checkpointing_interval=1000",
-                                       "--shutdown_sources_after_idle_ms=5000"))
-    commands = p | _CommandStream(path)
+                                       "--finish_bundle_before_checkpointing",
+                                       "--shutdown_sources_after_idle_ms=90000"))
+    commands = p | _PacedCommandStream(path)
     _ = commands | UpsertToSupertable(uri, schema=schema, primary_key="id")
     result = p.run()
     victim = cluster.taskmanagers[-1]
