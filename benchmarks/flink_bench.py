@@ -187,6 +187,7 @@ def _options(runner: str, args) -> PipelineOptions:
         extra.append(f"--sdk_worker_parallelism={args.parallelism}")
     if runner == "flink-streaming":
         extra.append("--streaming")
+    extra.extend(args.flink_option or ())
     argv = ["--runner=FlinkRunner", f"--flink_master={args.flink_master}",
             f"--parallelism={args.parallelism}", *extra]
     return flink.fill_defaults(PipelineOptions(argv), argv)
@@ -270,6 +271,8 @@ def main(argv=None):
                         help="LOOPBACK (workers in this process) or EXTERNAL (a worker pool)")
     parser.add_argument("--environment_config", default=None,
                         help="host:port of the worker pool for EXTERNAL")
+    parser.add_argument("--flink_option", action="append", metavar="--NAME=VALUE",
+                        help="a pipeline option passed to the Flink runs (repeatable)")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     cases, runners = args.case or list(CASES), args.runner or list(RUNNERS)
@@ -282,6 +285,7 @@ def main(argv=None):
         passed.append(f"--environment_config={args.environment_config}")
     if args.small:
         passed.append("--small")
+    passed.extend(f"--flink_option={o}" for o in args.flink_option or ())
     for runner in runners:
         print(f"# {runner}: {_describe(runner, args)}", flush=True)
     print(f"{'case':12s} {'runner':16s} {'items':>9s} {'seconds':>8s} {'per second':>11s} "
