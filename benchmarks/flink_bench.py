@@ -1,10 +1,13 @@
 """Upsert and WriteToSupertable on Flink against the DirectRunner, same run.
 
-    python -m benchmarks.flink_bench                 # every case, both runners
+    python -m benchmarks.flink_bench                 # every case, every runner
     python -m benchmarks.flink_bench --small         # a tenth of the input
+    python -m benchmarks.flink_bench --case write --case upsert-table --stages \
+        --runner direct --runner flink --runner flink-cluster --runner flink-cluster-external
     python -m benchmarks.flink_bench --case stateful --runner flink-streaming
-    python -m benchmarks.flink_bench --environment_type=EXTERNAL \\
-        --environment_config=localhost:50000 --flink_master=localhost:8081
+    python -m benchmarks.flink_bench --runner flink --flink_master=localhost:8081 \
+        --job_endpoint=localhost:8099 --environment_type=EXTERNAL \
+        --environment_config=localhost:50000     # your own running cluster
 
 Run it in the Flink environment (apache-beam matching the job server, see
 pipelines/flink.py); it is not part of any test suite. Every (case, runner)
@@ -20,27 +23,45 @@ user sees it. Cases:
 * ``upsert-table``: the closed loop, ``UpsertToSupertable`` (grouped,
   bounded) of the same commands as rows ``{key, value}`` into a keyed table
   holding the 25,000-key snapshot (built before the clock starts).
-
-The ``write`` and ``upsert-table`` lines end with an order-free digest of
-the table's user columns afterwards: equal digests on both runners mean
-identical table contents.
-
-Each line also gives the job start (seconds from submitting the pipeline
-to its first bundle: on Flink ``[local]`` the job server's JVM and the
-embedded cluster starting) and items per second after it.
 * ``upsert-table-stream``: the same commands as an unbounded stream (the
   file's PCollection declared unbounded) into ``UpsertToSupertable`` on an
   empty keyed table (``key``, ``value``): the stateful flavor per state
   shard and one commit per second of event time (10 commits). Runs on
   ``direct`` and ``flink-streaming`` only.
 
+The ``write`` and ``upsert-table`` lines end with an order-free digest of
+the table's user columns afterwards: equal digests on both runners mean
+identical table contents.
+
+Each line also gives the job start (seconds from submitting the pipeline
+to its first bundle) and items per second after it. Under each Flink line
+the job start is broken down by the job server's log (and, on a running
+cluster, its REST API): ``client`` (pipeline built and serialized),
+``JVM`` (the job server's JVM), ``connect`` (the client reaching it),
+``stage`` (artifacts), ``prepare``, ``translate`` (pipeline -> Flink
+program), ``cluster`` (the embedded mini cluster), ``submit`` (the job
+graph, with the job server's jars, reaching the JobManager), ``schedule``
+(job running), ``worker`` (first SDK worker connected) and ``first
+bundle``. ``--stages`` adds each Flink stage's start and duration.
+
 Besides items per wall-clock second, each line gives items per CPU-second
 of the submitting process, where the DirectRunner and LOOPBACK workers run:
 on a shared machine that is the per-worker rate (EXTERNAL workers run in
 their own processes, so that column then counts only the submitter).
 
-Runners: ``direct`` (the DirectRunner), ``flink`` (batch) and
-``flink-streaming`` (``--streaming``; Upsert cases only).
+Runners:
+
+* ``direct``: the DirectRunner.
+* ``flink``: batch, ``--flink_master`` (default ``[local]``: the FlinkRunner
+  starts a job server and in it an embedded cluster for each job), or a
+  running job server with ``--job_endpoint``.
+* ``flink-cluster``: batch on a running standalone cluster (JobManager and
+  TaskManager JVMs, ``parallelism`` slots) and a job server on it, both
+  started before the clock (and warmed up by one small job), LOOPBACK
+  workers: what a user submitting to a running cluster sees.
+* ``flink-cluster-external``: the same with EXTERNAL workers, a Beam worker
+  pool beside the TaskManager (``--sdk_worker_parallelism`` = parallelism).
+* ``flink-streaming``: ``--streaming`` (Upsert cases only).
 """
 
 from __future__ import annotations
@@ -278,6 +299,13 @@ class _RunningCluster:
             self.pool = WorkerPool(self.work, root).start()
         return self.pool.address
 
+    def workers_started(self) -> int:
+        """SDK worker processes the pool has started so far."""
+        if self.pool is None:
+            return 0
+        with open(os.path.join(self.work, "worker-pool.log"), errors="replace") as f:
+            return sum(line.startswith("Starting worker") for line in f)
+
     def args(self, runner: str) -> list:
         """The bench flags that send a case to this cluster."""
         out = [f"--flink_master={self.cluster.master}", f"--job_endpoint={self.endpoint}",
@@ -355,7 +383,7 @@ def run_case(case: str, runner: str, args) -> dict:
         shutil.rmtree(work, ignore_errors=True)
         if log is not None:
             log.close()
-    phases, stages = {}, []
+    phases, stages, workers = {}, [], None
     if runner != "direct":
         lines = log.lines if log is not None else _read_job_server_log(args.job_server_log, wall0)
         events = _milestones(lines)
@@ -366,10 +394,12 @@ def run_case(case: str, runner: str, args) -> dict:
             stages = _log_stages(lines)
         events["first bundle"] = first_bundle
         phases = _phases(events, wall0)
+        if not args.job_endpoint:
+            workers = sum("Beam Fn Control client connected" in text for _, text in lines)
     return {"case": case, "runner": runner, "n": n, "seconds": seconds, "per_second": n / seconds,
             "cpu_seconds": cpu, "per_cpu_second": n / cpu, "contents": contents,
             "start_seconds": start, "after_start_per_second": n / (seconds - start),
-            "phases": phases, "stages": stages}
+            "phases": phases, "stages": stages, "workers": workers}
 
 # -- where the job start goes ---------------------------------------------------------------------
 # Milestones of a job's start, as the job server logs them: (name, log text),
@@ -474,7 +504,7 @@ def _log_stages(lines):
         if not m:
             continue
         name = m.group(1)
-        if name not in running and name not in finished:
+        if name not in order:
             order.append(name)
         if m.group(2) == "RUNNING":
             running.setdefault(name, t)
@@ -508,7 +538,9 @@ def _rest_job(master: str, since: float):
 def _print_phases(r: dict) -> None:
     if r.get("phases"):
         parts = ", ".join(f"{label} {s:.1f}" for label, s in r["phases"].items())
-        print(f"{'':12s} {'':16s} job start {r['start_seconds']:.1f} s: {parts}", flush=True)
+        workers = "" if r.get("workers") is None else f"; SDK workers started: {r['workers']}"
+        print(f"{'':12s} {'':16s} job start {r['start_seconds']:.1f} s: {parts}{workers}",
+              flush=True)
 
 
 def _print_stages(r: dict) -> None:
@@ -611,6 +643,7 @@ def _run_all(cases, runners, passed, local, cluster, args) -> None:
             if case in STREAM_CASES and runner not in ("direct", "flink-streaming"):
                 continue
             where = cluster.args(runner) if runner in CLUSTER_RUNNERS else local
+            pool_before = cluster.workers_started() if runner == "flink-cluster-external" else 0
             done = subprocess.run(
                 [sys.executable, "-m", "benchmarks.flink_bench", "--one", f"--case={case}",
                  f"--runner={runner}", *passed, *where], capture_output=True, text=True)
@@ -619,6 +652,8 @@ def _run_all(cases, runners, passed, local, cluster, args) -> None:
                 print(f"{case:12s} {runner:16s} FAILED\n{done.stderr[-3000:]}", flush=True)
                 continue
             r = json.loads(line[0][7:])
+            if runner == "flink-cluster-external":
+                r["workers"] = cluster.workers_started() - pool_before
             print(f"{case:12s} {runner:16s} {r['n']:>9,d} {r['seconds']:>8.1f} "
                   f"{r['per_second']:>11,.0f} {r['per_cpu_second']:>10,.0f} "
                   f"{r['start_seconds']:>8.1f} {r['after_start_per_second']:>14,.0f}  "
