@@ -401,6 +401,7 @@ def run_case(case: str, runner: str, args) -> dict:
             "start_seconds": start, "after_start_per_second": n / (seconds - start),
             "phases": phases, "stages": stages, "workers": workers}
 
+
 # -- where the job start goes ---------------------------------------------------------------------
 # Milestones of a job's start, as the job server logs them: (name, log text),
 # in the order they happen. With flink_master=[local] the job server (and in
@@ -414,7 +415,8 @@ MILESTONES = (
     ("staging", "Staging artifacts for"),
     ("staged", "Artifacts fully staged"),
     ("invoked", "Invoking job"),
-    ("translated", "Starting Flink Mini Cluster"),
+    ("translated", "Starting Flink Mini Cluster"),                 # [local]
+    ("translated", "RestClusterClient - Submitting job"),          # a running cluster
     ("cluster up", "Flink Mini Cluster started successfully"),
     ("submitted", "Received JobGraph submission"),
     ("running", "switched from state CREATED to RUNNING"),
@@ -429,7 +431,7 @@ PHASES = (
     ("invoked", "prepare"),
     ("translated", "translate"),         # pipeline -> Flink program
     ("cluster up", "cluster"),           # [local]: the embedded mini cluster start
-    ("submitted", "submit"),             # the job graph reaches the JobManager
+    ("submitted", "submit"),             # the job graph (and the job server's jars) uploaded
     ("running", "schedule"),             # JobMaster set up, job running
     ("first worker", "worker"),          # tasks deployed, first SDK worker connected
     ("first bundle", "first bundle"),
