@@ -606,7 +606,11 @@ def build_superfiles(batches: beam.PCollection, table: _TableRef, n_shards: Opti
         ``(plan, built)``: the plan as a singleton side input, and the
         ``(entry, grid)`` pairs of the uploaded, uncommitted superfiles.
     """
-    stats = batches | "Stats" >> beam.CombineGlobally(_SampleVectors(table, sample_rows))
+    # Without defaults: an empty input has no stats, so no plan, and nothing
+    # is built or committed. The default would come through a side input, a
+    # stage of its own on a portable runner (Flink), between sample and plan.
+    sample = beam.CombineGlobally(_SampleVectors(table, sample_rows)).without_defaults()
+    stats = batches | "Stats" >> sample
     extra = () if pin is None else (pin,)
     plan = beam.pvalue.AsSingleton(stats | "Plan" >> beam.ParDo(_Plan(table, n_shards), *extra))
     built = (batches

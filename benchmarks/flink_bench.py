@@ -1,10 +1,13 @@
 """Upsert and WriteToSupertable on Flink against the DirectRunner, same run.
 
-    python -m benchmarks.flink_bench                 # every case, both runners
+    python -m benchmarks.flink_bench                 # every case, every runner
     python -m benchmarks.flink_bench --small         # a tenth of the input
+    python -m benchmarks.flink_bench --case write --case upsert-table --stages \
+        --runner direct --runner flink --runner flink-cluster --runner flink-cluster-external
     python -m benchmarks.flink_bench --case stateful --runner flink-streaming
-    python -m benchmarks.flink_bench --environment_type=EXTERNAL \\
-        --environment_config=localhost:50000 --flink_master=localhost:8081
+    python -m benchmarks.flink_bench --runner flink --flink_master=localhost:8081 \
+        --job_endpoint=localhost:8099 --environment_type=EXTERNAL \
+        --environment_config=localhost:50000     # your own running cluster
 
 Run it in the Flink environment (apache-beam matching the job server, see
 pipelines/flink.py); it is not part of any test suite. Every (case, runner)
@@ -20,35 +23,55 @@ user sees it. Cases:
 * ``upsert-table``: the closed loop, ``UpsertToSupertable`` (grouped,
   bounded) of the same commands as rows ``{key, value}`` into a keyed table
   holding the 25,000-key snapshot (built before the clock starts).
-
-The ``write`` and ``upsert-table`` lines end with an order-free digest of
-the table's user columns afterwards: equal digests on both runners mean
-identical table contents.
-
-Each line also gives the job start (seconds from submitting the pipeline
-to its first bundle: on Flink ``[local]`` the job server's JVM and the
-embedded cluster starting) and items per second after it.
 * ``upsert-table-stream``: the same commands as an unbounded stream (the
   file's PCollection declared unbounded) into ``UpsertToSupertable`` on an
   empty keyed table (``key``, ``value``): the stateful flavor per state
   shard and one commit per second of event time (10 commits). Runs on
   ``direct`` and ``flink-streaming`` only.
 
+The ``write`` and ``upsert-table`` lines end with an order-free digest of
+the table's user columns afterwards: equal digests on both runners mean
+identical table contents.
+
+Each line also gives the job start (seconds from submitting the pipeline
+to its first bundle) and items per second after it. Under each Flink line
+the job start is broken down by the job server's log (and, on a running
+cluster, its REST API): ``client`` (pipeline built and serialized),
+``JVM`` (the job server's JVM), ``connect`` (the client reaching it),
+``stage`` (artifacts), ``prepare``, ``translate`` (pipeline -> Flink
+program), ``cluster`` (the embedded mini cluster), ``submit`` (the job
+graph, with the job server's jars, reaching the JobManager), ``schedule``
+(job running), ``worker`` (first SDK worker connected) and ``first
+bundle``. ``--stages`` adds each Flink stage's start and duration.
+
 Besides items per wall-clock second, each line gives items per CPU-second
 of the submitting process, where the DirectRunner and LOOPBACK workers run:
 on a shared machine that is the per-worker rate (EXTERNAL workers run in
 their own processes, so that column then counts only the submitter).
 
-Runners: ``direct`` (the DirectRunner), ``flink`` (batch) and
-``flink-streaming`` (``--streaming``; Upsert cases only).
+Runners:
+
+* ``direct``: the DirectRunner.
+* ``flink``: batch, ``--flink_master`` (default ``[local]``: the FlinkRunner
+  starts a job server and in it an embedded cluster for each job), or a
+  running job server with ``--job_endpoint``.
+* ``flink-cluster``: batch on a running standalone cluster (JobManager and
+  TaskManager JVMs, ``parallelism`` slots) and a job server on it, both
+  started before the clock (and warmed up by one small job), LOOPBACK
+  workers: what a user submitting to a running cluster sees.
+* ``flink-cluster-external``: the same with EXTERNAL workers, a Beam worker
+  pool beside the TaskManager (``--sdk_worker_parallelism`` = parallelism).
+* ``flink-streaming``: ``--streaming`` (Upsert cases only).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
+import re
 import resource
 import shutil
 import subprocess
@@ -75,7 +98,8 @@ WRITE_ROWS, SMALL_WRITE_ROWS, DIM = 50_000, 5_000, 64
 CASES = ("pardo", "grouped", "stateful", "write", "upsert-table", "upsert-table-stream")
 TABLE_SCHEMA = pa.schema([pa.field("key", pa.string(), nullable=False), ("value", pa.int64())])
 STREAM_CASES = ("upsert-table-stream",)   # unbounded input: no Flink batch run
-RUNNERS = ("direct", "flink", "flink-streaming")
+RUNNERS = ("direct", "flink", "flink-cluster", "flink-cluster-external", "flink-streaming")
+CLUSTER_RUNNERS = ("flink-cluster", "flink-cluster-external")
 
 
 def _files(small: bool):
@@ -187,9 +211,129 @@ def _options(runner: str, args) -> PipelineOptions:
         extra.append(f"--sdk_worker_parallelism={args.parallelism}")
     if runner == "flink-streaming":
         extra.append("--streaming")
+    extra.extend(args.flink_option or ())
+    if args.job_endpoint:
+        extra.append(f"--job_endpoint={args.job_endpoint}")
     argv = ["--runner=FlinkRunner", f"--flink_master={args.flink_master}",
             f"--parallelism={args.parallelism}", *extra]
     return flink.fill_defaults(PipelineOptions(argv), argv)
+
+# The TaskManager has the job server's jars on its classpath (as a deployment
+# that puts them in Flink's lib/ does). Loading them parent-first makes the
+# Beam classes the job ships the same as the TaskManager's, and only then does
+# Beam keep a job's SDK workers between stages (--environment_cache_millis):
+# it releases them at once when its classes come from the job's own
+# class loader. Without it every stage of a batch job starts new workers.
+CLUSTER_CONF = {"classloader.resolve-order": "parent-first"}
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _RunningCluster:
+    """A standalone Flink cluster and a job server on it, started before any clock runs.
+
+    What a production user submits to: a JobManager and a TaskManager
+    (``parallelism`` slots) as their own JVMs, and Beam's Flink job server,
+    from the same jar the FlinkRunner uses, started once
+    (``java -jar <jar> --flink-master host:port --job-port P``); pipelines
+    go to it with ``--job_endpoint=localhost:P``. For EXTERNAL workers a
+    Beam worker pool (``worker_pool_main``) runs beside the TaskManager.
+    The job server's output is kept, timestamped, in ``job_server.log`` for
+    the job start breakdown. One small job warms the cluster up first.
+    """
+
+    def __init__(self, parallelism: int) -> None:
+        self.parallelism = parallelism
+        self.work = tempfile.mkdtemp(prefix="flink-bench-cluster-")
+        self.log_path = os.path.join(self.work, "job_server.log")
+        self.cluster = self.job_server = self.pool = None
+        self.endpoint = None
+
+    def start(self) -> "_RunningCluster":
+        import socket
+        import threading
+        from pipelines import flink
+        from tests.pipelines.flink_cluster import FlinkCluster
+        jar = flink.job_server_jar()
+        lib = os.path.join(os.path.dirname(jar), "beam-flink-job-server-lib")
+        self.cluster = FlinkCluster(lib, self.work, slots=self.parallelism,
+                                    conf=CLUSTER_CONF).start()
+        port = _free_port()
+        self.endpoint = f"localhost:{port}"
+        self.job_server = subprocess.Popen(
+            ["java", "-jar", jar, "--flink-master", self.cluster.master,
+             "--artifacts-dir", os.path.join(self.work, "artifacts"), "--job-port", str(port),
+             "--artifact-port", "0", "--expansion-port", "0"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+
+        def keep_log(out, path):
+            with open(path, "w") as f:
+                for line in out:
+                    f.write(f"{time.time():.3f} {line.decode(errors='replace')}")
+                    f.flush()
+
+        threading.Thread(target=keep_log, args=(self.job_server.stdout, self.log_path),
+                         daemon=True).start()
+        deadline = time.time() + 120
+        while True:
+            if self.job_server.poll() is not None:
+                raise RuntimeError(f"the job server exited; see {self.log_path}")
+            try:
+                with socket.create_connection(("localhost", port), timeout=1):
+                    break
+            except OSError:
+                if time.time() > deadline:
+                    raise TimeoutError(f"job server: port {port} not open; see {self.log_path}")
+                time.sleep(0.3)
+        return self
+
+    def pool_address(self) -> str:
+        if self.pool is None:
+            from tests.pipelines.flink_cluster import WorkerPool
+            root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            self.pool = WorkerPool(self.work, root).start()
+        return self.pool.address
+
+    def workers_started(self) -> int:
+        """SDK worker processes the pool has started so far."""
+        if self.pool is None:
+            return 0
+        with open(os.path.join(self.work, "worker-pool.log"), errors="replace") as f:
+            return sum(line.startswith("Starting worker") for line in f)
+
+    def args(self, runner: str) -> list:
+        """The bench flags that send a case to this cluster."""
+        out = [f"--flink_master={self.cluster.master}", f"--job_endpoint={self.endpoint}",
+               f"--job_server_log={self.log_path}"]
+        if runner == "flink-cluster-external":
+            out += ["--environment_type=EXTERNAL", f"--environment_config={self.pool_address()}"]
+        return out
+
+    def warm_up(self, runner: str) -> None:
+        """One small job first: a production cluster has run jobs before."""
+        subprocess.run([sys.executable, "-m", "benchmarks.flink_bench", "--one", "--case=pardo",
+                        f"--runner={runner}", "--small", f"--parallelism={self.parallelism}",
+                        *self.args(runner)], capture_output=True, check=True)
+
+    def stop(self) -> None:
+        import signal
+        if self.job_server is not None and self.job_server.poll() is None:
+            os.killpg(self.job_server.pid, signal.SIGTERM)
+            try:
+                self.job_server.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.job_server.pid, signal.SIGKILL)
+                self.job_server.wait()
+        if self.pool is not None:
+            self.pool.stop()
+        if self.cluster is not None:
+            self.cluster.stop()
+        shutil.rmtree(self.work, ignore_errors=True)
 
 
 def run_case(case: str, runner: str, args) -> dict:
@@ -198,6 +342,7 @@ def run_case(case: str, runner: str, args) -> dict:
     options = _options(runner, args)
     work = tempfile.mkdtemp(prefix="flink-bench-")
     uri, contents = os.path.join(work, "table"), None
+    log = _JobServerLog() if runner != "direct" and not args.job_endpoint else None
     try:
         if case == "upsert-table":
             _keyed_table(uri, prior)
@@ -230,14 +375,184 @@ def run_case(case: str, runner: str, args) -> dict:
                 _ = out | beam.ParDo(_Drain())
         seconds, cpu = time.perf_counter() - t0, _cpu() - cpu0
         with open(started) as f:
-            start = float(f.read()) - wall0
+            first_bundle = float(f.read())
+        start = first_bundle - wall0
         if case in ("write", "upsert-table", "upsert-table-stream"):
             contents = _contents(uri)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        if log is not None:
+            log.close()
+    phases, stages, workers = {}, [], None
+    if runner != "direct":
+        lines = log.lines if log is not None else _read_job_server_log(args.job_server_log, wall0)
+        events = _milestones(lines)
+        if args.job_endpoint:
+            job_events, stages = _rest_job(args.flink_master, wall0)
+            events.update(job_events)
+        else:
+            stages = _log_stages(lines)
+        events["first bundle"] = first_bundle
+        phases = _phases(events, wall0)
+        if not args.job_endpoint:
+            workers = sum("Beam Fn Control client connected" in text for _, text in lines)
     return {"case": case, "runner": runner, "n": n, "seconds": seconds, "per_second": n / seconds,
             "cpu_seconds": cpu, "per_cpu_second": n / cpu, "contents": contents,
-            "start_seconds": start, "after_start_per_second": n / (seconds - start)}
+            "start_seconds": start, "after_start_per_second": n / (seconds - start),
+            "phases": phases, "stages": stages, "workers": workers}
+
+
+# -- where the job start goes ---------------------------------------------------------------------
+# Milestones of a job's start, as the job server logs them: (name, log text),
+# in the order they happen. With flink_master=[local] the job server (and in
+# it the embedded cluster) starts with the job and its log comes through
+# Beam's subprocess_server logger; with a running job server (--job_endpoint)
+# the bench reads the log it keeps of that server, and the job's own
+# milestones (submitted, running) come from the cluster's REST API.
+MILESTONES = (
+    ("job server started", "Starting service with"),
+    ("job server up", "JobService started on"),
+    ("staging", "Staging artifacts for"),
+    ("staged", "Artifacts fully staged"),
+    ("invoked", "Invoking job"),
+    ("translated", "Starting Flink Mini Cluster"),                 # [local]
+    ("translated", "RestClusterClient - Submitting job"),          # a running cluster
+    ("cluster up", "Flink Mini Cluster started successfully"),
+    ("submitted", "Received JobGraph submission"),
+    ("running", "switched from state CREATED to RUNNING"),
+    ("first worker", "Beam Fn Control client connected"),
+)
+# What each phase (from the milestone before it) is, for the breakdown line.
+PHASES = (
+    ("job server started", "client"),    # the pipeline built and serialized
+    ("job server up", "JVM"),            # [local]: the job server's JVM start
+    ("staging", "connect"),              # to the job server (with --job_endpoint: and client)
+    ("staged", "stage"),                 # artifact staging
+    ("invoked", "prepare"),
+    ("translated", "translate"),         # pipeline -> Flink program
+    ("cluster up", "cluster"),           # [local]: the embedded mini cluster start
+    ("submitted", "submit"),             # the job graph (and the job server's jars) uploaded
+    ("running", "schedule"),             # JobMaster set up, job running
+    ("first worker", "worker"),          # tasks deployed, first SDK worker connected
+    ("first bundle", "first bundle"),
+)
+
+
+class _JobServerLog(logging.Handler):
+    """Timestamps the lines Beam's FlinkRunner relays from the job server it starts."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines = []
+        self._logger = logging.getLogger("apache_beam.utils.subprocess_server")
+        self._level, self._propagate = self._logger.level, self._logger.propagate
+        self._logger.setLevel(logging.INFO)
+        self._logger.propagate = False      # keep the job server's chatter off stderr
+        self._logger.addHandler(self)
+
+    def emit(self, record) -> None:
+        self.lines.append((record.created, record.getMessage()))
+
+    def close(self) -> None:
+        self._logger.removeHandler(self)
+        self._logger.setLevel(self._level)
+        self._logger.propagate = self._propagate
+        super().close()
+
+
+def _read_job_server_log(path, since: float):
+    lines = []
+    if not path:
+        return lines
+    with open(path, errors="replace") as f:
+        for line in f:
+            stamp, _, text = line.partition(" ")
+            try:
+                t = float(stamp)
+            except ValueError:
+                continue
+            if t >= since:
+                lines.append((t, text.rstrip("\n")))
+    return lines
+
+
+def _milestones(lines) -> dict:
+    events = {}
+    for t, text in lines:
+        for name, marker in MILESTONES:
+            if name not in events and marker in text:
+                events[name] = t
+    return events
+
+
+def _phases(events: dict, wall0: float) -> dict:
+    """Seconds per phase of the job start, each from the milestone before it."""
+    out, last = {}, wall0
+    for name, label in PHASES:
+        if name in events and events[name] >= last:
+            out[label] = events[name] - last
+            last = events[name]
+    return out
+
+
+_VERTEX = re.compile(r"ExecutionGraph - (.*?) \(\d+/\d+\) \(\S+\) switched from \w+ to (\w+)")
+
+
+def _log_stages(lines):
+    """Per-vertex (first running, last finished) from the embedded cluster's log."""
+    running, finished, order = {}, {}, []
+    for t, text in lines:
+        m = _VERTEX.search(text)
+        if not m:
+            continue
+        name = m.group(1)
+        if name not in order:
+            order.append(name)
+        if m.group(2) == "RUNNING":
+            running.setdefault(name, t)
+        elif m.group(2) == "FINISHED":
+            finished[name] = t
+    return [(name, running[name], finished[name]) for name in order
+            if name in running and name in finished]
+
+
+def _rest(master: str, path: str):
+    import urllib.request
+    with urllib.request.urlopen(f"http://{master}{path}", timeout=10) as r:
+        return json.load(r)
+
+
+def _rest_job(master: str, since: float):
+    """The latest job on a running cluster: its milestones and per-vertex times."""
+    jobs = [j for j in _rest(master, "/jobs/overview")["jobs"] if j["start-time"] >= since * 1000]
+    if not jobs:
+        return {}, []
+    job = _rest(master, f"/jobs/{max(jobs, key=lambda j: j['start-time'])['jid']}")
+    stamps = job.get("timestamps", {})
+    events = {"submitted": job["start-time"] / 1000}
+    if stamps.get("RUNNING"):
+        events["running"] = stamps["RUNNING"] / 1000
+    stages = [(v["name"], v["start-time"] / 1000, v["end-time"] / 1000)
+              for v in job["vertices"] if v.get("start-time", -1) > 0 and v.get("end-time", -1) > 0]
+    return events, sorted(stages, key=lambda s: s[1])
+
+
+def _print_phases(r: dict) -> None:
+    if r.get("phases"):
+        parts = ", ".join(f"{label} {s:.1f}" for label, s in r["phases"].items())
+        workers = "" if r.get("workers") is None else f"; SDK workers started: {r['workers']}"
+        print(f"{'':12s} {'':16s} job start {r['start_seconds']:.1f} s: {parts}{workers}",
+              flush=True)
+
+
+def _print_stages(r: dict) -> None:
+    stages = r.get("stages") or []
+    if not stages:
+        return
+    t0 = min(s[1] for s in stages)
+    for name, begin, end in stages:
+        name = re.sub(r"\(MapPartition at \[\d+\]", "(", name)
+        print(f"{'':12s} {'':16s}   {begin - t0:6.1f} +{end - begin:5.1f} s  {name[:100]}")
 
 
 def _cpu() -> float:
@@ -252,8 +567,13 @@ def _describe(runner: str, args) -> str:
     if runner == "direct":
         return "DirectRunner"
     mode = "streaming" if runner == "flink-streaming" else "batch"
-    return (f"Flink {mode}, {args.environment_type}, parallelism {args.parallelism}, "
-            f"master {args.flink_master}")
+    if runner in CLUSTER_RUNNERS:
+        workers = ("EXTERNAL (a worker pool beside the TaskManager)"
+                   if runner == "flink-cluster-external" else args.environment_type)
+        return (f"Flink {mode}, {workers}, parallelism {args.parallelism}, a running standalone "
+                "cluster (JobManager + TaskManager) and job server, started before the clock")
+    where = args.flink_master + (f", job server {args.job_endpoint}" if args.job_endpoint else "")
+    return f"Flink {mode}, {args.environment_type}, parallelism {args.parallelism}, master {where}"
 
 
 def main(argv=None):
@@ -270,45 +590,83 @@ def main(argv=None):
                         help="LOOPBACK (workers in this process) or EXTERNAL (a worker pool)")
     parser.add_argument("--environment_config", default=None,
                         help="host:port of the worker pool for EXTERNAL")
+    parser.add_argument("--flink_option", action="append", metavar="--NAME=VALUE",
+                        help="a pipeline option passed to the Flink runs (repeatable)")
+    parser.add_argument("--job_endpoint", default=None,
+                        help="a running job server (host:port) to submit to, with --flink_master "
+                             "its cluster's REST address")
+    parser.add_argument("--job_server_log", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--stages", action="store_true",
+                        help="also print each Flink stage's start and duration")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     cases, runners = args.case or list(CASES), args.runner or list(RUNNERS)
     if args.one:
         print("RESULT " + json.dumps(run_case(cases[0], runners[0], args)), flush=True)
         return
-    passed = [f"--parallelism={args.parallelism}", f"--flink_master={args.flink_master}",
-              f"--environment_type={args.environment_type}"]
-    if args.environment_config:
-        passed.append(f"--environment_config={args.environment_config}")
+    passed = [f"--parallelism={args.parallelism}"]
     if args.small:
         passed.append("--small")
-    for runner in runners:
-        print(f"# {runner}: {_describe(runner, args)}", flush=True)
+    passed.extend(f"--flink_option={o}" for o in args.flink_option or ())
+    local = [f"--flink_master={args.flink_master}", f"--environment_type={args.environment_type}"]
+    if args.environment_config:
+        local.append(f"--environment_config={args.environment_config}")
+    if args.job_endpoint:
+        local.append(f"--job_endpoint={args.job_endpoint}")
+    cluster = None
+    try:
+        if any(r in CLUSTER_RUNNERS for r in runners):
+            started = time.perf_counter()
+            cluster = _RunningCluster(args.parallelism).start()
+            print(f"# standalone cluster and job server up in "
+                  f"{time.perf_counter() - started:.1f} s (not counted)", flush=True)
+        for runner in runners:
+            print(f"# {runner}: {_describe(runner, args)}", flush=True)
+            if runner in CLUSTER_RUNNERS:
+                cluster.warm_up(runner)
+        _run_all(cases, runners, passed, local, cluster, args)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+    load = os.getloadavg()
+    print(f"load average {load[0]:.1f} (1 min), {load[1]:.1f} (5 min); machine: "
+          f"{platform.machine()}, {os.cpu_count()} cores, python "
+          f"{platform.python_version()}, apache-beam {beam.__version__}, "
+          f"{time.strftime('%Y-%m-%d %H:%M')}")
+
+
+def _run_all(cases, runners, passed, local, cluster, args) -> None:
     print(f"{'case':12s} {'runner':16s} {'items':>9s} {'seconds':>8s} {'per second':>11s} "
           f"{'per CPU-s':>10s} {'start s':>8s} {'after start/s':>14s}  contents")
     for case in cases:
         for runner in runners:
             if case in ("write", "pardo", "upsert-table") and runner == "flink-streaming":
                 continue
-            if case in STREAM_CASES and runner == "flink":
+            if case in STREAM_CASES and runner not in ("direct", "flink-streaming"):
                 continue
+            where = cluster.args(runner) if runner in CLUSTER_RUNNERS else local
+            pool_before = cluster.workers_started() if runner == "flink-cluster-external" else 0
             done = subprocess.run(
                 [sys.executable, "-m", "benchmarks.flink_bench", "--one", f"--case={case}",
-                 f"--runner={runner}", *passed], capture_output=True, text=True)
+                 f"--runner={runner}", *passed, *where], capture_output=True, text=True)
             line = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
             if done.returncode or not line:
                 print(f"{case:12s} {runner:16s} FAILED\n{done.stderr[-3000:]}", flush=True)
                 continue
             r = json.loads(line[0][7:])
+            if runner == "flink-cluster-external":
+                r["workers"] = cluster.workers_started() - pool_before
             print(f"{case:12s} {runner:16s} {r['n']:>9,d} {r['seconds']:>8.1f} "
                   f"{r['per_second']:>11,.0f} {r['per_cpu_second']:>10,.0f} "
                   f"{r['start_seconds']:>8.1f} {r['after_start_per_second']:>14,.0f}  "
                   f"{r['contents'] or '-'}", flush=True)
-    load = os.getloadavg()[0]
-    print(f"load average {load:.1f}; machine: {platform.machine()}, {os.cpu_count()} cores, python "
-          f"{platform.python_version()}, apache-beam {beam.__version__}, "
-          f"{time.strftime('%Y-%m-%d')}")
+            _print_phases(r)
+            if args.stages:
+                _print_stages(r)
 
 
 if __name__ == "__main__":
-    main()
+    # Through the package, not as __main__: the DoFns defined here then pickle
+    # by reference, which workers in other processes (EXTERNAL) can import.
+    from benchmarks import flink_bench
+    flink_bench.main()

@@ -26,6 +26,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB_SERVER_SCRIPT = os.path.join(ROOT, "scripts", "flink-job-server")
 JOB_SERVER_POM = os.path.join(ROOT, "flink", "pom.xml")
 JOB_SERVER_JAR_ENV = "BEAM_FLINK_JOB_SERVER_JAR"
+# How long a TaskManager keeps a job's SDK workers after its last task let go
+# of them. Beam's default (0) closes them whenever no task holds them, and a
+# batch job runs its stages one pipelined region after another, so every
+# region started the Python workers afresh (a new process each with EXTERNAL
+# or PROCESS workers) and set the DoFns up again: WriteToSupertable's five
+# regions paid it five times.
+ENVIRONMENT_CACHE_MS = 60_000
 
 
 def job_server_beam_version() -> str:
@@ -63,8 +70,14 @@ def is_flink(options: PipelineOptions) -> bool:
     return name.rsplit(".", 1)[-1] in ("FlinkRunner", "flink")
 
 
+def _given(argv: Sequence[str], name: str) -> bool:
+    return any(a == f"--{name}" or a.startswith(f"--{name}=") for a in argv)
+
+
 def fill_defaults(options: PipelineOptions, argv: Sequence[str]) -> PipelineOptions:
-    """For FlinkRunner: use the local job server build unless a jar was named.
+    """For FlinkRunner: the local job server build unless a jar was named, and
+    SDK workers kept for the whole job (:data:`ENVIRONMENT_CACHE_MS`) unless
+    ``--environment_cache_millis`` was given.
 
     Args:
         options: the pipeline options built from ``argv``.
@@ -77,12 +90,14 @@ def fill_defaults(options: PipelineOptions, argv: Sequence[str]) -> PipelineOpti
         # abbreviations on, so a job's own --output reads as
         # --output_executable_path and FlinkRunner would write a jar there
         # instead of running the job. Keep it only when it was given literally.
-        given = any(a == "--output_executable_path" or a.startswith("--output_executable_path=")
-                    for a in argv)
-        if not given:
+        if not _given(argv, "output_executable_path"):
             portable.output_executable_path = None
+        if not _given(argv, "environment_cache_millis"):
+            portable.environment_cache_millis = ENVIRONMENT_CACHE_MS
         flink = options.view_as(FlinkRunnerOptions)
-        if not flink.flink_job_server_jar and not flink.flink_submit_uber_jar:
+        # A job submitted to a running job server (--job_endpoint) needs no jar.
+        if (not flink.flink_job_server_jar and not flink.flink_submit_uber_jar
+                and not portable.job_endpoint):
             flink.flink_job_server_jar = job_server_jar()
             flink.flink_version = FLINK_VERSION
     return options

@@ -115,3 +115,38 @@ def test_a_keyed_table_is_refused_at_construction_and_when_it_becomes_keyed_late
     with pytest.raises(Exception, match="keyed"):
         p.run().wait_until_finish()
     assert Supertable.open(later).count_rows() == 0
+
+
+def _side_inputs_under(p, prefix):
+    """Labels of the transforms under ``prefix`` that take a side input, in the runner's graph."""
+    from apache_beam.portability import common_urns
+    from apache_beam.portability.api import beam_runner_api_pb2
+    out = []
+    for t in p.to_runner_api().components.transforms.values():
+        if (t.unique_name.startswith(prefix)
+                and t.spec.urn == common_urns.primitives.PAR_DO.urn):
+            payload = beam_runner_api_pb2.ParDoPayload.FromString(t.spec.payload)
+            if payload.side_inputs:
+                out.append(t.unique_name)
+    return out
+
+
+def test_the_plan_follows_the_sample_without_a_side_input(tmp_path):
+    # On a portable runner (Flink) a step with a side input starts a stage
+    # of its own: the sample's global combine must not inject a default
+    # through one (an empty input commits nothing either way).
+    p = TestPipeline()
+    _ = (p | beam.Create(_elements(10, dict_rows=10), reshuffle=False)
+         | "Write" >> WriteToSupertable(str(tmp_path / "t"), schema=SCHEMA, vector_column="emb"))
+    assert _side_inputs_under(p, "Write/Stats") == []
+    assert _side_inputs_under(p, "Write/Plan") == []
+
+
+def test_an_empty_input_commits_nothing(tmp_path):
+    uri = str(tmp_path / "t")
+    Supertable.create(uri, SCHEMA, vector_column="emb")
+    with TestPipeline() as p:
+        commits = (p | beam.Create([], reshuffle=False).with_output_types(dict)
+                   | WriteToSupertable(uri))
+        assert_that(commits, equal_to([]))
+    assert Supertable.open(uri).version == 0

@@ -48,7 +48,8 @@ def _free_port() -> int:
 
 
 class FlinkCluster:
-    def __init__(self, lib_dir: str, work_dir: str, slots: int = 2, restart_attempts: int = 3):
+    def __init__(self, lib_dir: str, work_dir: str, slots: int = 2, restart_attempts: int = 3,
+                 conf: Optional[dict] = None):
         self.classpath = os.path.join(lib_dir, "*")
         self.work_dir = work_dir
         self.conf_dir = os.path.join(work_dir, "conf")
@@ -56,6 +57,7 @@ class FlinkCluster:
         self.rpc_port = _free_port()
         self.slots = slots
         self.restart_attempts = restart_attempts
+        self.extra_conf = dict(conf or {})    # flink-conf.yaml entries over the ones below
         self.jobmanager: Optional[subprocess.Popen] = None
         self.taskmanagers: List[subprocess.Popen] = []
 
@@ -103,6 +105,7 @@ class FlinkCluster:
             "state.backend.type": "hashmap",
             "state.checkpoints.dir": "file://" + os.path.join(self.work_dir, "checkpoints"),
         }
+        conf.update(self.extra_conf)
         with open(os.path.join(self.conf_dir, "flink-conf.yaml"), "w") as f:
             for key, value in conf.items():
                 f.write(f"{key}: {value}\n")

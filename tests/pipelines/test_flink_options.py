@@ -46,3 +46,24 @@ def test_flink_options_for_an_embedded_cluster(monkeypatch):
 def test_the_job_server_release_is_one_constant():
     # The POM's <beam.version> names the Flink-matched Beam; a release string.
     assert flink.job_server_beam_version().count(".") == 2
+
+
+def test_sdk_workers_are_kept_between_the_stages_of_a_job(monkeypatch):
+    # Beam's default (0) closes a job's SDK workers whenever no task holds
+    # them: between the pipelined regions of a batch job they were started
+    # afresh for every region.
+    monkeypatch.setenv(flink.JOB_SERVER_JAR_ENV, "/opt/js.jar")
+    options = flink.flink_options(2, "[local]")
+    assert options.view_as(PortableOptions).environment_cache_millis == flink.ENVIRONMENT_CACHE_MS
+    assert flink.ENVIRONMENT_CACHE_MS >= 10_000
+    argv = ["--runner=FlinkRunner", "--environment_cache_millis=0"]
+    options = flink.fill_defaults(PipelineOptions(argv), argv)
+    assert int(options.view_as(PortableOptions).environment_cache_millis) == 0
+
+
+def test_a_running_job_server_needs_no_jar(monkeypatch):
+    monkeypatch.setenv(flink.JOB_SERVER_JAR_ENV, "/nonexistent/should-not-be-used.jar")
+    argv = ["--runner=FlinkRunner", "--job_endpoint=localhost:8099"]
+    options = flink.fill_defaults(PipelineOptions(argv), argv)
+    assert options.view_as(FlinkRunnerOptions).flink_job_server_jar is None
+    assert options.view_as(PortableOptions).job_endpoint == "localhost:8099"
