@@ -36,6 +36,7 @@ from beam_supertable.vector.metric import prepare
 DENSE_MAX_BYTES = 8 << 20       # tables whose fp32 vectors (and a norm) fit this are held whole
 DENSE_MIN_QUERIES = 2           # a batch this large loads a table whole; a single query never
 DENSE_BLOCKWISE_MIN_MEAN = 4096  # mean scores per cell product from which each is thresholded alone
+DENSE_PAD_MAX_WASTE = 6          # padded scores (cells padded to the largest) per real one, at most
 
 
 class DenseIndex:
@@ -56,6 +57,8 @@ class DenseIndex:
         self.cols, self.starts, self.superfile, self.row = cols, starts, superfile, row
         self.metric = metric
         self.sizes = np.diff(starts)
+        self.starts_list = starts.tolist()
+        self.max_size = int(self.sizes.max()) if len(self.sizes) else 0
         self.nbytes = int(cols.nbytes + starts.nbytes + superfile.nbytes + row.nbytes)
 
     @classmethod
@@ -138,62 +141,87 @@ class DenseIndex:
         """``[Q, k]``: the entries of each query's best ``k`` scores, best first (-1 pads).
 
         Pairs (query, probed cell) are sorted by cell, so each cell's queries
-        are one slice, scored with one product. A query's cut-off is the
-        k-th best score in its nearest cell (an upper bound on its k-th best
-        overall; any other cell of ``k`` rows or more gives one when the
-        nearest is smaller); only the scores under it are kept and sorted.
+        are one slice, scored with one product. Ties between equal scores go
+        to the lower entry (see ``_keys``).
         """
         n_q, width = cells.shape
         flat_cells = cells.ravel()
         order = np.argsort(flat_cells, kind="stable")
-        order = order[flat_cells[order] >= 0]
+        if len(order) and flat_cells[order[0]] < 0:
+            order = order[flat_cells[order] >= 0]
         pair_cells = flat_cells[order]
-        qs = order // width
-        lead = order % width == 0
-        firsts = np.flatnonzero(np.diff(pair_cells, prepend=-1)).tolist()
-        lasts = firsts[1:] + [len(order)]
-        aug_pairs = aug[qs]
-        starts, cols = self.starts.tolist(), self.cols
+        firsts = np.flatnonzero(np.diff(pair_cells, prepend=-1))
         lens = self.sizes[pair_cells]
-        blockwise = len(order) and lens.sum() >= DENSE_BLOCKWISE_MIN_MEAN * len(firsts)
+        total = int(lens.sum())
+        runs = (firsts.tolist(), firsts[1:].tolist() + [len(order)], pair_cells[firsts].tolist())
+        if not total:
+            return np.full((n_q, k), -1, dtype=np.int64)
+        if total < DENSE_BLOCKWISE_MIN_MEAN * len(firsts) and \
+                n_q * width * self.max_size <= DENSE_PAD_MAX_WASTE * total:
+            return self._padded(aug, cells, order, runs, k)
+        return self._blockwise(aug, order // width, order % width == 0, runs, k)
+
+    def _padded(self, aug: np.ndarray, cells: np.ndarray, order: np.ndarray, runs, k: int
+                ) -> np.ndarray:
+        """``_batch`` for small products: every query's scores in one padded row.
+
+        Row ``q`` holds, for each of its probes ``p``, the scores of that
+        cell's rows at ``p * max_size`` on (inf past the cell's end), so the
+        position of a score names its entry. The cut-off of a query is the
+        k-th best score of its nearest cell (an upper bound on its k-th best
+        overall; inf when that cell holds fewer than ``k``); the few scores
+        under it are sorted side by side.
+        """
+        n_q, width = cells.shape
+        size = self.max_size
+        scored = np.full((n_q * width, size), np.inf, dtype=np.float32)
+        aug_pairs = aug[order // width]
+        starts, cols = self.starts_list, self.cols
+        for lo, hi, c in zip(*runs):
+            a, b = starts[c], starts[c + 1]
+            scored[order[lo:hi], :b - a] = aug_pairs[lo:hi] @ cols[a:b].T
+        scored = scored.reshape(n_q, width * size)
+        if size >= k:
+            cut = np.partition(scored[:, :size], k - 1, axis=1)[:, k - 1]
+            np.minimum(cut, np.finfo(np.float32).max, out=cut)   # (never the pads)
+        else:
+            cut = np.full(n_q, np.finfo(np.float32).max, dtype=np.float32)
+        hit = np.flatnonzero(scored <= cut[:, None])
+        q_of, at = np.divmod(hit, width * size)
+        probe, offset = np.divmod(at, size)
+        entries = self.starts[cells[q_of, probe]] + offset
+        return _top_per_query(q_of, scored.ravel()[hit], entries, n_q, k, by_query=True)
+
+    def _blockwise(self, aug: np.ndarray, qs: np.ndarray, lead: np.ndarray, runs, k: int
+                   ) -> np.ndarray:
+        """``_batch`` for large products (or cells of very unequal sizes): each thresholded alone.
+
+        A query's cut-off is the k-th best score in its nearest cell (any
+        other cell of ``k`` rows or more gives one when the nearest is
+        smaller).
+        """
+        n_q = len(aug)
+        starts, cols = self.starts_list, self.cols
+        aug_pairs = aug[qs]
         cut = np.full(n_q, np.inf, dtype=np.float32)
         blocks = []
-        for lo, hi, c in zip(firsts, lasts, pair_cells[firsts].tolist()):
+        for lo, hi, c in zip(*runs):
             a, b = starts[c], starts[c + 1]
             block = aug_pairs[lo:hi] @ cols[a:b].T
             blocks.append(block)
-            if blockwise and b - a >= k:
+            if b - a >= k:
                 mine = qs[lo:hi]
                 need = lead[lo:hi] | np.isinf(cut[mine])
                 if need.any():
                     kth = np.partition(block[need], k - 1, axis=1)[:, k - 1]
                     cut[mine[need]] = np.minimum(cut[mine[need]], kth)
-        if blockwise:
-            # Large products: each thresholded on its own.
-            got_q, got_v, got_e = [], [], []
-            for lo, hi, c, block in zip(firsts, lasts, pair_cells[firsts].tolist(), blocks):
-                r, col = np.nonzero(block <= cut[qs[lo:hi]][:, None])
-                got_q.append(qs[lo:hi][r])
-                got_v.append(block[r, col])
-                got_e.append(starts[c] + col)
-            q_of, vals, entries = (np.concatenate(p) for p in (got_q, got_v, got_e))
-        else:
-            # Small products: all the scores as one flat array, pair by pair;
-            # the cut-offs from the nearest cells' scores, side by side.
-            flat = np.concatenate([blk.ravel() for blk in blocks]) if blocks else \
-                np.zeros(0, np.float32)
-            seg = np.cumsum(lens) - lens
-            if len(order):
-                firsts_of = seg[lead]
-                n_lead = lens[lead]
-                pad = np.full((n_q, max(int(n_lead.max()), k)), np.inf, dtype=np.float32)
-                at = _ranges(firsts_of, n_lead)
-                pad[np.repeat(qs[lead], n_lead), at - np.repeat(firsts_of, n_lead)] = flat[at]
-                cut = np.partition(pad, k - 1, axis=1)[:, k - 1]
-            hit = np.flatnonzero(flat <= np.repeat(cut[qs], lens))
-            pair = np.searchsorted(seg, hit, side="right") - 1
-            q_of, vals = qs[pair], flat[hit]
-            entries = self.starts[pair_cells[pair]] + (hit - seg[pair])
+        got_q, got_v, got_e = [], [], []
+        for lo, hi, c, block in zip(*runs, blocks):
+            r, col = np.nonzero(block <= cut[qs[lo:hi]][:, None])
+            got_q.append(qs[lo:hi][r])
+            got_v.append(block[r, col])
+            got_e.append(starts[c] + col)
+        q_of, vals, entries = (np.concatenate(p) for p in (got_q, got_v, got_e))
         return _top_per_query(q_of, vals, entries, n_q, k)
 
     def _ranked(self, queries: np.ndarray, entries: np.ndarray
@@ -226,25 +254,47 @@ def _ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     return base + np.arange(total)
 
 
-def _top_per_query(q_of: np.ndarray, vals: np.ndarray, entries: np.ndarray, n_q: int, k: int
-                   ) -> np.ndarray:
-    """``[n_q, k]``: each query's ``k`` entries of lowest finite ``vals``, best first (-1 pads)."""
-    keep = np.isfinite(vals)
-    q_of, vals, entries = q_of[keep], vals[keep], entries[keep]
+def _keys(vals: np.ndarray, entries: np.ndarray) -> np.ndarray:
+    """int64 sort keys ordering ``(vals, entries)`` as pairs: score first, then entry.
+
+    A float32's bits, with the magnitude bits of negatives flipped, order as
+    the floats do (-0.0 is made +0.0 first, so the two tie); the entry (under
+    2**32) fills the low half. One plain sort of the keys then is a stable
+    sort of the scores by entry, with no argsort.
+    """
+    bits = (vals + np.float32(0)).view(np.int32)
+    bits = bits ^ ((bits >> 31) & np.int32(0x7FFFFFFF))
+    return (bits.astype(np.int64) << 32) | entries
+
+
+_NO_KEY = np.iinfo(np.int64).max
+
+
+def _top_per_query(q_of: np.ndarray, vals: np.ndarray, entries: np.ndarray, n_q: int, k: int,
+                   by_query: bool = False) -> np.ndarray:
+    """``[n_q, k]``: each query's ``k`` entries of lowest finite ``vals``, best first (-1 pads).
+
+    Equal values go to the lower entry.
+
+    Args:
+        by_query: ``q_of`` is sorted already.
+    """
     top = np.full((n_q, k), -1, dtype=np.int64)
+    if not by_query:
+        keep = np.isfinite(vals)
+        q_of, vals, entries = q_of[keep], vals[keep], entries[keep]
+        order = np.argsort(q_of, kind="stable")
+        q_of, vals, entries = q_of[order], vals[order], entries[order]
     if not len(q_of):
         return top
-    order = np.argsort(q_of, kind="stable")
-    q_of, vals, entries = q_of[order], vals[order], entries[order]
     counts = np.bincount(q_of, minlength=n_q)
     slot = np.arange(len(q_of)) - np.repeat(np.cumsum(counts) - counts, counts)
     # The few kept of each query, side by side: one sort along the rows.
-    pad_val = np.full((n_q, int(counts.max())), np.inf, dtype=np.float32)
-    pad_ent = np.full(pad_val.shape, -1, dtype=np.int64)
-    pad_val[q_of, slot], pad_ent[q_of, slot] = vals, entries
-    order = np.argsort(pad_val, axis=1, kind="stable")[:, :k]
-    top[:, :order.shape[1]] = np.take_along_axis(pad_ent, order, 1)
-    return top
+    keys = np.full((n_q, max(int(counts.max()), k)), _NO_KEY, dtype=np.int64)
+    keys[q_of, slot] = _keys(vals, entries)
+    keys.sort(axis=1)
+    keys = keys[:, :k]
+    return np.where(keys != _NO_KEY, keys & 0xFFFFFFFF, -1)
 
 
 def usable(rows: int, dim: int) -> bool:
