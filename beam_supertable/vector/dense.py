@@ -46,6 +46,8 @@ class DenseIndex:
         cols: ``[n, dim + 1]`` scoring rows, ``(-2 x, |x|^2)`` for l2 and
             ``(-x, 0)`` otherwise: ``[q, 1] @ cols.T`` is the distance up
             to a per-query constant (see ``search.scores``).
+        cols_t: the same, transposed (``[dim + 1, n]``): a cell's columns
+            are then a matrix the products with its queries run fastest on.
         starts: ``[n_cells + 1]``: the rows of cell ``c`` are
             ``starts[c]:starts[c + 1]``.
         superfile, row: ``[n]`` each row's superfile (index into the
@@ -55,11 +57,12 @@ class DenseIndex:
     def __init__(self, cols: np.ndarray, starts: np.ndarray, superfile: np.ndarray,
                  row: np.ndarray, metric: str) -> None:
         self.cols, self.starts, self.superfile, self.row = cols, starts, superfile, row
+        self.cols_t = np.ascontiguousarray(cols.T)
         self.metric = metric
         self.sizes = np.diff(starts)
         self.starts_list = starts.tolist()
         self.max_size = int(self.sizes.max()) if len(self.sizes) else 0
-        self.nbytes = int(cols.nbytes + starts.nbytes + superfile.nbytes + row.nbytes)
+        self.nbytes = int(2 * cols.nbytes + starts.nbytes + superfile.nbytes + row.nbytes)
 
     @classmethod
     def build(cls, readers: Sequence, deleted: Sequence[np.ndarray], n_cells: int,
@@ -84,6 +87,7 @@ class DenseIndex:
             if not live.any():
                 continue
             x = vectors_of(reader.read(columns=[vec["column"]]), vec["column"], vec["dim"])
+            reader.ids()   # (kept by the handle: results then take their ids from it)
             keep = np.flatnonzero(live)
             xs.append(prepare(x[keep], metric))
             cells.append(cell_of[keep])
@@ -169,27 +173,36 @@ class DenseIndex:
         cell's rows at ``p * max_size`` on (inf past the cell's end), so the
         position of a score names its entry. The cut-off of a query is the
         k-th best score of its nearest cell (an upper bound on its k-th best
-        overall; inf when that cell holds fewer than ``k``); the few scores
-        under it are sorted side by side.
+        overall), or of all its scores when that cell holds fewer than
+        ``k``; the few scores under it are sorted side by side.
         """
         n_q, width = cells.shape
-        size = self.max_size
-        scored = np.full((n_q * width, size), np.inf, dtype=np.float32)
+        size, n_pairs = self.max_size, len(order)
+        # Products into rows in pair order (cell by cell, each a slice),
+        # then one gather puts them in query order; -1 probes take the last,
+        # empty, row.
+        by_cell = np.full((n_pairs + 1, size), np.inf, dtype=np.float32)
         aug_pairs = aug[order // width]
-        starts, cols = self.starts_list, self.cols
+        starts, cols_t = self.starts_list, self.cols_t
         for lo, hi, c in zip(*runs):
             a, b = starts[c], starts[c + 1]
-            scored[order[lo:hi], :b - a] = aug_pairs[lo:hi] @ cols[a:b].T
-        scored = scored.reshape(n_q, width * size)
-        if size >= k:
-            cut = np.partition(scored[:, :size], k - 1, axis=1)[:, k - 1]
-            np.minimum(cut, np.finfo(np.float32).max, out=cut)   # (never the pads)
-        else:
-            cut = np.full(n_q, np.finfo(np.float32).max, dtype=np.float32)
+            np.matmul(aug_pairs[lo:hi], cols_t[:, a:b], out=by_cell[lo:hi, :b - a])
+        place = np.full(n_q * width, n_pairs, dtype=np.int64)
+        place[order] = np.arange(n_pairs)
+        scored = by_cell[place].reshape(n_q, width * size)
+        big = np.float32(np.finfo(np.float32).max)
+        cut = np.partition(scored[:, :size], k - 1, axis=1)[:, k - 1] if size >= k else \
+            np.full(n_q, np.inf, dtype=np.float32)
+        open_ = np.flatnonzero(cut > big)
+        if len(open_):
+            # A nearest cell of fewer than k rows: the k-th of all the query's scores.
+            cut[open_] = np.partition(scored[open_], k - 1, axis=1)[:, k - 1] \
+                if width * size >= k else np.inf
+            np.minimum(cut, big, out=cut)   # (never the pads)
         hit = np.flatnonzero(scored <= cut[:, None])
-        q_of, at = np.divmod(hit, width * size)
-        probe, offset = np.divmod(at, size)
-        entries = self.starts[cells[q_of, probe]] + offset
+        pair = hit // size                  # (query * width + probe)
+        entries = self.starts[cells].ravel()[pair] + (hit - pair * size)
+        q_of = pair // width
         return _top_per_query(q_of, scored.ravel()[hit], entries, n_q, k, by_query=True)
 
     def _blockwise(self, aug: np.ndarray, qs: np.ndarray, lead: np.ndarray, runs, k: int
@@ -201,13 +214,13 @@ class DenseIndex:
         smaller).
         """
         n_q = len(aug)
-        starts, cols = self.starts_list, self.cols
+        starts, cols_t = self.starts_list, self.cols_t
         aug_pairs = aug[qs]
         cut = np.full(n_q, np.inf, dtype=np.float32)
         blocks = []
         for lo, hi, c in zip(*runs):
             a, b = starts[c], starts[c + 1]
-            block = aug_pairs[lo:hi] @ cols[a:b].T
+            block = aug_pairs[lo:hi] @ cols_t[:, a:b]
             blocks.append(block)
             if b - a >= k:
                 mine = qs[lo:hi]
@@ -231,20 +244,20 @@ class DenseIndex:
         Distances are computed from the rows, as the metric defines them.
         """
         ok = entries >= 0
-        x = self.vectors(np.where(ok, entries, 0).ravel()).reshape(entries.shape + (-1,))
+        # (A pad's -1 reads the last row; its distance is replaced below.)
+        x = self.vectors(entries.ravel()).reshape(entries.shape + (-1,))
         if self.metric == "l2":
-            diff = x - queries[:, None, :]
-            d = np.einsum("qkd,qkd->qk", diff, diff)
+            x -= queries[:, None, :]
+            d = np.einsum("qkd,qkd->qk", x, x)
         else:
             dots = np.einsum("qkd,qd->qk", x, queries)
             d = 1.0 - dots if self.metric == "cosine" else -dots
-        dist = np.where(ok, d, np.inf).astype(np.float32)
+        dist = np.where(ok, d, np.float32(np.inf))
         order = np.argsort(dist, axis=1, kind="stable")
         dist, entries = np.take_along_axis(dist, order, 1), np.take_along_axis(entries, order, 1)
         ok = entries >= 0
-        at = np.where(ok, entries, 0)
-        return (dist, np.where(ok, self.superfile[at], -1).astype(np.int64),
-                np.where(ok, self.row[at], -1))
+        return (dist, np.where(ok, self.superfile[entries], -1).astype(np.int64),
+                np.where(ok, self.row[entries], -1))
 
 
 def _ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -288,10 +301,11 @@ def _top_per_query(q_of: np.ndarray, vals: np.ndarray, entries: np.ndarray, n_q:
     if not len(q_of):
         return top
     counts = np.bincount(q_of, minlength=n_q)
-    slot = np.arange(len(q_of)) - np.repeat(np.cumsum(counts) - counts, counts)
+    width = max(int(counts.max()), k)
     # The few kept of each query, side by side: one sort along the rows.
-    keys = np.full((n_q, max(int(counts.max()), k)), _NO_KEY, dtype=np.int64)
-    keys[q_of, slot] = _keys(vals, entries)
+    keys = np.full((n_q, width), _NO_KEY, dtype=np.int64)
+    first = np.cumsum(counts) - counts
+    keys.ravel()[np.arange(len(q_of)) + (q_of * width - first[q_of])] = _keys(vals, entries)
     keys.sort(axis=1)
     keys = keys[:, :k]
     return np.where(keys != _NO_KEY, keys & 0xFFFFFFFF, -1)
