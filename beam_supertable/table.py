@@ -821,10 +821,14 @@ class Supertable:
                                 filtered=filter is not None) if queries is not None else None
         if text is None:
             # Vector only: the hits stay arrays, from the search to the result table.
-            dist, sfs, rows = vec
-            qi, slot = np.nonzero(rows[:, :k] >= 0)
-            return self._materialize(entries, qi, sfs[qi, slot], rows[qi, slot], names, single,
-                                     dist=dist[qi, slot])
+            dist, sfs, rows = (a[:, :k].ravel() for a in vec)
+            hit = rows >= 0
+            if hit.all():   # (every query found k rows: nothing to drop)
+                qi = np.repeat(np.arange(len(vec[0]), dtype=np.int64), k)
+            else:
+                hit = np.flatnonzero(hit)
+                qi, dist, sfs, rows = hit // k, dist[hit], sfs[hit], rows[hit]
+            return self._materialize(entries, qi, sfs, rows, names, single, dist=dist)
         fp = self._fts_props()
         txt = text_search.text_candidates(
             entries, self.superfiles(), text, depth, fp["columns"],

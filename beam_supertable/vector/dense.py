@@ -43,26 +43,33 @@ class DenseIndex:
     """A small table's live vectors, grouped by cell, with where each row came from.
 
     Attributes:
-        cols: ``[n, dim + 1]`` scoring rows, ``(-2 x, |x|^2)`` for l2 and
-            ``(-x, 0)`` otherwise: ``[q, 1] @ cols.T`` is the distance up
-            to a per-query constant (see ``search.scores``).
-        cols_t: the same, transposed (``[dim + 1, n]``): a cell's columns
-            are then a matrix the products with its queries run fastest on.
+        x: ``[n, dim]`` the prepared rows (for exact distances).
+        cols_t: ``[dim + 1, n]`` scoring columns, ``(-2 x, |x|^2)`` for l2
+            and ``(-x, 0)`` otherwise: ``[q, 1] @ cols_t`` is the distance
+            up to a per-query constant (see ``search.scores``); a cell's
+            columns are one slice, the layout its products run fastest on.
         starts: ``[n_cells + 1]``: the rows of cell ``c`` are
             ``starts[c]:starts[c + 1]``.
         superfile, row: ``[n]`` each row's superfile (index into the
             entries the index was built from) and row in it.
     """
 
-    def __init__(self, cols: np.ndarray, starts: np.ndarray, superfile: np.ndarray,
+    def __init__(self, x: np.ndarray, starts: np.ndarray, superfile: np.ndarray,
                  row: np.ndarray, metric: str) -> None:
-        self.cols, self.starts, self.superfile, self.row = cols, starts, superfile, row
-        self.cols_t = np.ascontiguousarray(cols.T)
+        self.x, self.starts, self.superfile, self.row = x, starts, superfile, row
+        self.cols_t = np.empty((x.shape[1] + 1, len(x)), dtype=np.float32)
+        if metric == "l2":
+            self.cols_t[:-1] = -2 * x.T
+            self.cols_t[-1] = np.einsum("ij,ij->i", x, x)
+        else:
+            self.cols_t[:-1] = -x.T
+            self.cols_t[-1] = 0
         self.metric = metric
         self.sizes = np.diff(starts)
         self.starts_list = starts.tolist()
         self.max_size = int(self.sizes.max()) if len(self.sizes) else 0
-        self.nbytes = int(2 * cols.nbytes + starts.nbytes + superfile.nbytes + row.nbytes)
+        self.nbytes = int(x.nbytes + self.cols_t.nbytes + starts.nbytes + superfile.nbytes
+                          + row.nbytes)
 
     @classmethod
     def build(cls, readers: Sequence, deleted: Sequence[np.ndarray], n_cells: int,
@@ -96,24 +103,13 @@ class DenseIndex:
         dim = readers[0].header["vector"]["dim"] if readers else 0
         if not xs:
             empty = np.zeros(0, dtype=np.int64)
-            return cls(np.zeros((0, dim + 1), np.float32), np.zeros(n_cells + 1, np.int64),
+            return cls(np.zeros((0, dim), np.float32), np.zeros(n_cells + 1, np.int64),
                        empty.astype(np.int32), empty, metric)
         cell = np.concatenate(cells)
         order = np.argsort(cell, kind="stable")
-        x = np.concatenate(xs)[order]
-        cols = np.empty((len(x), dim + 1), dtype=np.float32)
-        if metric == "l2":
-            cols[:, :-1] = -2 * x
-            cols[:, -1] = np.einsum("ij,ij->i", x, x)
-        else:
-            cols[:, :-1] = -x
-            cols[:, -1] = 0
         starts = np.searchsorted(cell[order], np.arange(n_cells + 1)).astype(np.int64)
-        return cls(cols, starts, np.concatenate(sfs)[order], np.concatenate(rows)[order], metric)
-
-    def vectors(self, entries: np.ndarray) -> np.ndarray:
-        """The prepared vectors of ``entries`` (exactly: the scaling is by a power of two)."""
-        return self.cols[entries, :-1] * np.float32(-0.5 if self.metric == "l2" else -1.0)
+        return cls(np.concatenate(xs)[order], starts, np.concatenate(sfs)[order],
+                   np.concatenate(rows)[order], metric)
 
     def search(self, queries: np.ndarray, cells: np.ndarray, k: int
                ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -127,6 +123,9 @@ class DenseIndex:
             ``[Q, k]`` exact distances (inf pads), superfiles and rows (-1 pads).
         """
         n_q = len(queries)
+        if not len(self.x):
+            return (np.full((n_q, k), np.inf, np.float32), np.full((n_q, k), -1, np.int64),
+                    np.full((n_q, k), -1, np.int64))
         cells = np.asarray(cells, dtype=np.int64)
         aug = np.empty((n_q, queries.shape[1] + 1), dtype=np.float32)
         aug[:, :-1], aug[:, -1] = queries, 1.0
@@ -134,7 +133,7 @@ class DenseIndex:
             # One query: gather its rows and score them with one product.
             mine = cells[0][cells[0] >= 0]
             idx = _ranges(self.starts[mine], self.sizes[mine])
-            scores = self.cols[idx] @ aug[0]
+            scores = aug[0] @ self.cols_t[:, idx]
             top = np.full((1, k), -1, dtype=np.int64)
             best = np.argsort(scores, kind="stable")[:k]
             top[0, :len(best)] = idx[best]
@@ -191,8 +190,12 @@ class DenseIndex:
         place[order] = np.arange(n_pairs)
         scored = by_cell[place].reshape(n_q, width * size)
         big = np.float32(np.finfo(np.float32).max)
-        cut = np.partition(scored[:, :size], k - 1, axis=1)[:, k - 1] if size >= k else \
-            np.full(n_q, np.inf, dtype=np.float32)
+        if size >= k:
+            lead = by_cell[place[::width]]      # each query's nearest cell
+            lead.sort(axis=1)                   # (a SIMD sort: faster than a partition here)
+            cut = lead[:, k - 1].copy()
+        else:
+            cut = np.full(n_q, np.inf, dtype=np.float32)
         open_ = np.flatnonzero(cut > big)
         if len(open_):
             # A nearest cell of fewer than k rows: the k-th of all the query's scores.
@@ -245,7 +248,7 @@ class DenseIndex:
         """
         ok = entries >= 0
         # (A pad's -1 reads the last row; its distance is replaced below.)
-        x = self.vectors(entries.ravel()).reshape(entries.shape + (-1,))
+        x = self.x.take(entries.ravel(), axis=0).reshape(entries.shape + (-1,))
         if self.metric == "l2":
             x -= queries[:, None, :]
             d = np.einsum("qkd,qkd->qk", x, x)
