@@ -37,6 +37,7 @@ DENSE_MAX_BYTES = 8 << 20       # tables whose fp32 vectors (and a norm) fit thi
 DENSE_MIN_QUERIES = 2           # a batch this large loads a table whole; a single query never
 DENSE_BLOCKWISE_MIN_MEAN = 4096  # mean scores per cell product from which each is thresholded alone
 DENSE_PAD_MAX_WASTE = 6          # padded scores (cells padded to the largest) per real one, at most
+PAD_CHAIN_MAX_PROBES = 4         # up to this many probes, place-by-place minima by np.minimum
 
 
 class DenseIndex:
@@ -171,9 +172,12 @@ class DenseIndex:
         Row ``q`` holds, for each of its probes ``p``, the scores of that
         cell's rows at ``p * max_size`` on (inf past the cell's end), so the
         position of a score names its entry. The cut-off of a query is the
-        k-th best score of its nearest cell (an upper bound on its k-th best
-        overall), or of all its scores when that cell holds fewer than
-        ``k``; the few scores under it are sorted side by side.
+        k-th smallest of its best scores place by place (the minimum over
+        its probes at each offset): ``k`` distinct rows score at most that,
+        so it bounds the k-th best from above, and tightly (about ``k``
+        scores pass it); when no probed cell holds ``k`` rows it is the
+        k-th of all the query's scores. The few scores under it are sorted
+        side by side.
         """
         n_q, width = cells.shape
         size, n_pairs = self.max_size, len(order)
@@ -191,14 +195,21 @@ class DenseIndex:
         scored = by_cell[place].reshape(n_q, width * size)
         big = np.float32(np.finfo(np.float32).max)
         if size >= k:
-            lead = by_cell[place[::width]]      # each query's nearest cell
-            lead.sort(axis=1)                   # (a SIMD sort: faster than a partition here)
-            cut = lead[:, k - 1].copy()
+            by_probe = scored.reshape(n_q, width, size)
+            if width <= PAD_CHAIN_MAX_PROBES:
+                least = np.minimum(by_probe[:, 0], by_probe[:, 1]) if width > 1 else \
+                    by_probe[:, 0].copy()
+                for p in range(2, width):
+                    np.minimum(least, by_probe[:, p], out=least)
+            else:
+                least = by_probe.min(axis=1)
+            least.sort(axis=1)                  # (a SIMD sort: faster than a partition here)
+            cut = least[:, k - 1].copy()
         else:
             cut = np.full(n_q, np.inf, dtype=np.float32)
         open_ = np.flatnonzero(cut > big)
         if len(open_):
-            # A nearest cell of fewer than k rows: the k-th of all the query's scores.
+            # No probed cell of k rows: the k-th of all the query's scores.
             cut[open_] = np.partition(scored[open_], k - 1, axis=1)[:, k - 1] \
                 if width * size >= k else np.inf
             np.minimum(cut, big, out=cut)   # (never the pads)
