@@ -824,7 +824,7 @@ class Supertable:
             dist, sfs, rows = (a[:, :k].ravel() for a in vec)
             hit = rows >= 0
             if hit.all():   # (every query found k rows: nothing to drop)
-                qi = np.repeat(np.arange(len(vec[0]), dtype=np.int64), k)
+                qi = np.repeat(np.arange(len(vec[0]), dtype=np.int32), k)
             else:
                 hit = np.flatnonzero(hit)
                 qi, dist, sfs, rows = hit // k, dist[hit], sfs[hit], rows[hit]
@@ -1019,14 +1019,14 @@ class Supertable:
                 for si in present:
                     mask = sis == si
                     ids[mask] = self._reader(entries[si]).ids_of(rows[mask])
-            columns = {ID: pa.array(ids, self.schema.field(ID).type)}
+            columns = [pa.array(ids, fields[0].type)]
             if dist is not None:
-                columns["_distance"] = pa.array(dist, pa.float32())
+                columns.append(pa.array(dist, pa.float32()))
             if score is not None:
-                columns["_score"] = pa.array(score, pa.float32())
+                columns.append(pa.array(score, pa.float32()))
             if not single:
-                columns["_query"] = pa.array(qi, pa.int32())
-            return pa.table(columns, schema=pa.schema(fields))
+                columns.append(pa.array(np.asarray(qi).astype(np.int32, copy=False), pa.int32()))
+            return pa.Table.from_arrays(columns, schema=pa.schema(fields))
         parts, where = [], np.empty(len(rows), dtype=np.int64)
         base = 0
         for si in np.unique(sis).tolist():

@@ -268,9 +268,10 @@ class DenseIndex:
             d = 1.0 - dots if self.metric == "cosine" else -dots
         dist = np.where(ok, d, np.float32(np.inf))
         order = np.argsort(dist, axis=1, kind="stable")
-        dist, entries = np.take_along_axis(dist, order, 1), np.take_along_axis(entries, order, 1)
+        order += np.arange(0, order.size, order.shape[1])[:, None]   # (flat positions)
+        dist, entries = dist.ravel()[order], entries.ravel()[order]
         ok = entries >= 0
-        return (dist, np.where(ok, self.superfile[entries], -1).astype(np.int64),
+        return (dist, np.where(ok, self.superfile[entries], -1).astype(np.int64, copy=False),
                 np.where(ok, self.row[entries], -1))
 
 
@@ -286,8 +287,8 @@ def _keys(vals: np.ndarray, entries: np.ndarray) -> np.ndarray:
 
     A float32's bits, with the magnitude bits of negatives flipped, order as
     the floats do (-0.0 is made +0.0 first, so the two tie); the entry (under
-    2**32) fills the low half. One plain sort of the keys then is a stable
-    sort of the scores by entry, with no argsort.
+    2**31: the held rows are far fewer) fills the low half. One plain sort of
+    the keys then is a stable sort of the scores by entry, with no argsort.
     """
     bits = (vals + np.float32(0)).view(np.int32)
     bits = bits ^ ((bits >> 31) & np.int32(0x7FFFFFFF))
@@ -321,8 +322,8 @@ def _top_per_query(q_of: np.ndarray, vals: np.ndarray, entries: np.ndarray, n_q:
     first = np.cumsum(counts) - counts
     keys.ravel()[np.arange(len(q_of)) + (q_of * width - first[q_of])] = _keys(vals, entries)
     keys.sort(axis=1)
-    keys = keys[:, :k]
-    return np.where(keys != _NO_KEY, keys & 0xFFFFFFFF, -1)
+    # The entry is the low half; a pad's low half (all ones) reads as -1 in int32.
+    return (keys[:, :k] & 0xFFFFFFFF).astype(np.int32).astype(np.int64)
 
 
 def usable(rows: int, dim: int) -> bool:
