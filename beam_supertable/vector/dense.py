@@ -131,10 +131,15 @@ class DenseIndex:
         aug = np.empty((n_q, queries.shape[1] + 1), dtype=np.float32)
         aug[:, :-1], aug[:, -1] = queries, 1.0
         if n_q == 1:
-            # One query: gather its rows and score them with one product.
+            # One query: its rows' scoring rows (gathered by row: a gather of
+            # columns of ``cols_t`` is slow) and one product.
             mine = cells[0][cells[0] >= 0]
             idx = _ranges(self.starts[mine], self.sizes[mine])
-            scores = aug[0] @ self.cols_t[:, idx]
+            rows = np.empty((len(idx), self.x.shape[1] + 1), dtype=np.float32)
+            np.multiply(self.x.take(idx, axis=0), -2 if self.metric == "l2" else -1,
+                        out=rows[:, :-1])
+            rows[:, -1] = self.cols_t[-1, idx]
+            scores = rows @ aug[0]
             top = np.full((1, k), -1, dtype=np.int64)
             best = np.argsort(scores, kind="stable")[:k]
             top[0, :len(best)] = idx[best]
