@@ -4,15 +4,20 @@ On a small table the batched IVF search of :mod:`search` spends its time on
 fixed costs, per superfile and per run (a task on the thread pool, cache
 look-ups, thresholds, a rerank), not on arithmetic: on 1,800 rows it was
 slower than brute force. So a table whose live vectors are small
-(``DENSE_MAX_BYTES``) keeps them, exact fp32, in one matrix ordered by cell
-(:class:`DenseIndex`, in the handle's cache), and a batch is answered with:
+(``DENSE_MAX_BYTES``) keeps them, exact fp32, ordered by cell
+(:class:`DenseIndex`, in the handle's cache, with a transposed copy for
+scoring), and a batch is answered with:
 
 * the queries' cells (computed by the caller, one product with the grid);
 * one product per probed cell, with every query that probes it (the pairs
   (query, cell) sorted by cell, so a cell's queries are one slice);
-* a cut-off per query, the k-th best score in its nearest cell (an upper
-  bound on its k-th best overall), so only the scores under it, a few per
-  query, are kept; they are sorted side by side in one padded matrix.
+* small products land in one padded row per query (each probe's scores at a
+  fixed offset, so a score's place names its row); a query's cut-off is the
+  k-th of its best scores place by place over its probes, an upper bound on
+  its k-th best overall that about k scores pass; those few are sorted side
+  by side as int64 keys (score bits, then row), one plain sort, no argsort.
+  Large products (or cells of very unequal sizes) are thresholded one by
+  one instead.
 
 Everything after the products is vectorised over all the queries: no
 per-query Python, no thread pool, BLAS on the calling thread.
@@ -34,6 +39,7 @@ from beam_supertable.superfile import vectors_of
 from beam_supertable.vector.metric import prepare
 
 DENSE_MAX_BYTES = 8 << 20       # tables whose fp32 vectors (and a norm) fit this are held whole
+#                                 (the index holds them twice: rows, and scoring columns)
 DENSE_MIN_QUERIES = 2           # a batch this large loads a table whole; a single query never
 DENSE_BLOCKWISE_MIN_MEAN = 4096  # mean scores per cell product from which each is thresholded alone
 DENSE_PAD_MAX_WASTE = 6          # padded scores (cells padded to the largest) per real one, at most
@@ -118,7 +124,8 @@ class DenseIndex:
 
         Args:
             queries: ``[Q, dim]`` prepared queries.
-            cells: ``[Q, P]`` the cells each query probes (-1: none).
+            cells: ``[Q, P]`` the cells each query probes, distinct in a row
+                (-1: none).
 
         Returns:
             ``[Q, k]`` exact distances (inf pads), superfiles and rows (-1 pads).
