@@ -194,9 +194,14 @@ class SuperfileReader:
         """The ``_id`` of ``rows``, reading only their row groups (kept by row group).
 
         A cold query returning only ids reads the row groups of its hits, not
-        the whole column (a request per row group of the superfile).
+        the whole column (a request per row group of the superfile). When
+        the handle holds the whole column (``ids``: a small table held whole
+        for search keeps it), the ids are taken from it.
         """
         rows = np.asarray(rows, dtype=np.int64)
+        whole = self._cache.get(self.cache_key("ids"))
+        if whole is not None:
+            return whole[rows]
         groups = [int(g) for g in self.row_groups_of(rows)]
         found: Dict[int, np.ndarray] = {}
         missing = []

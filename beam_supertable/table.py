@@ -821,10 +821,14 @@ class Supertable:
                                 filtered=filter is not None) if queries is not None else None
         if text is None:
             # Vector only: the hits stay arrays, from the search to the result table.
-            dist, sfs, rows = vec
-            qi, slot = np.nonzero(rows[:, :k] >= 0)
-            return self._materialize(entries, qi, sfs[qi, slot], rows[qi, slot], names, single,
-                                     dist=dist[qi, slot])
+            dist, sfs, rows = (a[:, :k].ravel() for a in vec)
+            hit = rows >= 0
+            if hit.all():   # (every query found k rows: nothing to drop)
+                qi = np.repeat(np.arange(len(vec[0]), dtype=np.int32), k)
+            else:
+                hit = np.flatnonzero(hit)
+                qi, dist, sfs, rows = hit // k, dist[hit], sfs[hit], rows[hit]
+            return self._materialize(entries, qi, sfs, rows, names, single, dist=dist)
         fp = self._fts_props()
         txt = text_search.text_candidates(
             entries, self.superfiles(), text, depth, fp["columns"],
@@ -1007,18 +1011,22 @@ class Supertable:
             return pa.schema(fields).empty_table()
         if not names:
             # Ids only: each hit's id straight from its superfile's ``_id`` column.
-            ids = np.empty(len(rows), dtype=np.int64)
-            for si in np.unique(sis).tolist():
-                mask = sis == si
-                ids[mask] = self._reader(entries[si]).ids_of(rows[mask])
-            columns = {ID: pa.array(ids, self.schema.field(ID).type)}
+            present = np.flatnonzero(np.bincount(sis, minlength=len(entries))).tolist()
+            if len(present) == 1:
+                ids = self._reader(entries[present[0]]).ids_of(rows)
+            else:
+                ids = np.empty(len(rows), dtype=np.int64)
+                for si in present:
+                    mask = sis == si
+                    ids[mask] = self._reader(entries[si]).ids_of(rows[mask])
+            columns = [pa.array(ids, fields[0].type)]
             if dist is not None:
-                columns["_distance"] = pa.array(dist, pa.float32())
+                columns.append(pa.array(dist, pa.float32()))
             if score is not None:
-                columns["_score"] = pa.array(score, pa.float32())
+                columns.append(pa.array(score, pa.float32()))
             if not single:
-                columns["_query"] = pa.array(qi, pa.int32())
-            return pa.table(columns, schema=pa.schema(fields))
+                columns.append(pa.array(np.asarray(qi).astype(np.int32, copy=False), pa.int32()))
+            return pa.Table.from_arrays(columns, schema=pa.schema(fields))
         parts, where = [], np.empty(len(rows), dtype=np.int64)
         base = 0
         for si in np.unique(sis).tolist():

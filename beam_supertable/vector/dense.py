@@ -4,15 +4,20 @@ On a small table the batched IVF search of :mod:`search` spends its time on
 fixed costs, per superfile and per run (a task on the thread pool, cache
 look-ups, thresholds, a rerank), not on arithmetic: on 1,800 rows it was
 slower than brute force. So a table whose live vectors are small
-(``DENSE_MAX_BYTES``) keeps them, exact fp32, in one matrix ordered by cell
-(:class:`DenseIndex`, in the handle's cache), and a batch is answered with:
+(``DENSE_MAX_BYTES``) keeps them, exact fp32, ordered by cell
+(:class:`DenseIndex`, in the handle's cache, with a transposed copy for
+scoring), and a batch is answered with:
 
 * the queries' cells (computed by the caller, one product with the grid);
 * one product per probed cell, with every query that probes it (the pairs
   (query, cell) sorted by cell, so a cell's queries are one slice);
-* a cut-off per query, the k-th best score in its nearest cell (an upper
-  bound on its k-th best overall), so only the scores under it, a few per
-  query, are kept; they are sorted side by side in one padded matrix.
+* small products land in one padded row per query (each probe's scores at a
+  fixed offset, so a score's place names its row); a query's cut-off is the
+  k-th of its best scores place by place over its probes, an upper bound on
+  its k-th best overall that about k scores pass; those few are sorted side
+  by side as int64 keys (score bits, then row), one plain sort, no argsort.
+  Large products (or cells of very unequal sizes) are thresholded one by
+  one instead.
 
 Everything after the products is vectorised over all the queries: no
 per-query Python, no thread pool, BLAS on the calling thread.
@@ -34,29 +39,44 @@ from beam_supertable.superfile import vectors_of
 from beam_supertable.vector.metric import prepare
 
 DENSE_MAX_BYTES = 8 << 20       # tables whose fp32 vectors (and a norm) fit this are held whole
+#                                 (the index holds them twice: rows, and scoring columns)
 DENSE_MIN_QUERIES = 2           # a batch this large loads a table whole; a single query never
 DENSE_BLOCKWISE_MIN_MEAN = 4096  # mean scores per cell product from which each is thresholded alone
+DENSE_PAD_MAX_WASTE = 6          # padded scores (cells padded to the largest) per real one, at most
+PAD_CHAIN_MAX_PROBES = 4         # up to this many probes, place-by-place minima by np.minimum
 
 
 class DenseIndex:
     """A small table's live vectors, grouped by cell, with where each row came from.
 
     Attributes:
-        cols: ``[n, dim + 1]`` scoring rows, ``(-2 x, |x|^2)`` for l2 and
-            ``(-x, 0)`` otherwise: ``[q, 1] @ cols.T`` is the distance up
-            to a per-query constant (see ``search.scores``).
+        x: ``[n, dim]`` the prepared rows (for exact distances).
+        cols_t: ``[dim + 1, n]`` scoring columns, ``(-2 x, |x|^2)`` for l2
+            and ``(-x, 0)`` otherwise: ``[q, 1] @ cols_t`` is the distance
+            up to a per-query constant (see ``search.scores``); a cell's
+            columns are one slice, the layout its products run fastest on.
         starts: ``[n_cells + 1]``: the rows of cell ``c`` are
             ``starts[c]:starts[c + 1]``.
         superfile, row: ``[n]`` each row's superfile (index into the
             entries the index was built from) and row in it.
     """
 
-    def __init__(self, cols: np.ndarray, starts: np.ndarray, superfile: np.ndarray,
+    def __init__(self, x: np.ndarray, starts: np.ndarray, superfile: np.ndarray,
                  row: np.ndarray, metric: str) -> None:
-        self.cols, self.starts, self.superfile, self.row = cols, starts, superfile, row
+        self.x, self.starts, self.superfile, self.row = x, starts, superfile, row
+        self.cols_t = np.empty((x.shape[1] + 1, len(x)), dtype=np.float32)
+        if metric == "l2":
+            self.cols_t[:-1] = -2 * x.T
+            self.cols_t[-1] = np.einsum("ij,ij->i", x, x)
+        else:
+            self.cols_t[:-1] = -x.T
+            self.cols_t[-1] = 0
         self.metric = metric
         self.sizes = np.diff(starts)
-        self.nbytes = int(cols.nbytes + starts.nbytes + superfile.nbytes + row.nbytes)
+        self.starts_list = starts.tolist()
+        self.max_size = int(self.sizes.max()) if len(self.sizes) else 0
+        self.nbytes = int(x.nbytes + self.cols_t.nbytes + starts.nbytes + superfile.nbytes
+                          + row.nbytes)
 
     @classmethod
     def build(cls, readers: Sequence, deleted: Sequence[np.ndarray], n_cells: int,
@@ -81,6 +101,7 @@ class DenseIndex:
             if not live.any():
                 continue
             x = vectors_of(reader.read(columns=[vec["column"]]), vec["column"], vec["dim"])
+            reader.ids()   # (kept by the handle: results then take their ids from it)
             keep = np.flatnonzero(live)
             xs.append(prepare(x[keep], metric))
             cells.append(cell_of[keep])
@@ -89,24 +110,13 @@ class DenseIndex:
         dim = readers[0].header["vector"]["dim"] if readers else 0
         if not xs:
             empty = np.zeros(0, dtype=np.int64)
-            return cls(np.zeros((0, dim + 1), np.float32), np.zeros(n_cells + 1, np.int64),
+            return cls(np.zeros((0, dim), np.float32), np.zeros(n_cells + 1, np.int64),
                        empty.astype(np.int32), empty, metric)
         cell = np.concatenate(cells)
         order = np.argsort(cell, kind="stable")
-        x = np.concatenate(xs)[order]
-        cols = np.empty((len(x), dim + 1), dtype=np.float32)
-        if metric == "l2":
-            cols[:, :-1] = -2 * x
-            cols[:, -1] = np.einsum("ij,ij->i", x, x)
-        else:
-            cols[:, :-1] = -x
-            cols[:, -1] = 0
         starts = np.searchsorted(cell[order], np.arange(n_cells + 1)).astype(np.int64)
-        return cls(cols, starts, np.concatenate(sfs)[order], np.concatenate(rows)[order], metric)
-
-    def vectors(self, entries: np.ndarray) -> np.ndarray:
-        """The prepared vectors of ``entries`` (exactly: the scaling is by a power of two)."""
-        return self.cols[entries, :-1] * np.float32(-0.5 if self.metric == "l2" else -1.0)
+        return cls(np.concatenate(xs)[order], starts, np.concatenate(sfs)[order],
+                   np.concatenate(rows)[order], metric)
 
     def search(self, queries: np.ndarray, cells: np.ndarray, k: int
                ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -114,20 +124,29 @@ class DenseIndex:
 
         Args:
             queries: ``[Q, dim]`` prepared queries.
-            cells: ``[Q, P]`` the cells each query probes (-1: none).
+            cells: ``[Q, P]`` the cells each query probes, distinct in a row
+                (-1: none).
 
         Returns:
             ``[Q, k]`` exact distances (inf pads), superfiles and rows (-1 pads).
         """
         n_q = len(queries)
+        if not len(self.x):
+            return (np.full((n_q, k), np.inf, np.float32), np.full((n_q, k), -1, np.int64),
+                    np.full((n_q, k), -1, np.int64))
         cells = np.asarray(cells, dtype=np.int64)
         aug = np.empty((n_q, queries.shape[1] + 1), dtype=np.float32)
         aug[:, :-1], aug[:, -1] = queries, 1.0
         if n_q == 1:
-            # One query: gather its rows and score them with one product.
+            # One query: its rows' scoring rows (gathered by row: a gather of
+            # columns of ``cols_t`` is slow) and one product.
             mine = cells[0][cells[0] >= 0]
             idx = _ranges(self.starts[mine], self.sizes[mine])
-            scores = self.cols[idx] @ aug[0]
+            rows = np.empty((len(idx), self.x.shape[1] + 1), dtype=np.float32)
+            np.multiply(self.x.take(idx, axis=0), -2 if self.metric == "l2" else -1,
+                        out=rows[:, :-1])
+            rows[:, -1] = self.cols_t[-1, idx]
+            scores = rows @ aug[0]
             top = np.full((1, k), -1, dtype=np.int64)
             best = np.argsort(scores, kind="stable")[:k]
             top[0, :len(best)] = idx[best]
@@ -138,62 +157,110 @@ class DenseIndex:
         """``[Q, k]``: the entries of each query's best ``k`` scores, best first (-1 pads).
 
         Pairs (query, probed cell) are sorted by cell, so each cell's queries
-        are one slice, scored with one product. A query's cut-off is the
-        k-th best score in its nearest cell (an upper bound on its k-th best
-        overall; any other cell of ``k`` rows or more gives one when the
-        nearest is smaller); only the scores under it are kept and sorted.
+        are one slice, scored with one product. Ties between equal scores go
+        to the lower entry (see ``_keys``).
         """
         n_q, width = cells.shape
         flat_cells = cells.ravel()
         order = np.argsort(flat_cells, kind="stable")
-        order = order[flat_cells[order] >= 0]
+        if len(order) and flat_cells[order[0]] < 0:
+            order = order[flat_cells[order] >= 0]
         pair_cells = flat_cells[order]
-        qs = order // width
-        lead = order % width == 0
-        firsts = np.flatnonzero(np.diff(pair_cells, prepend=-1)).tolist()
-        lasts = firsts[1:] + [len(order)]
-        aug_pairs = aug[qs]
-        starts, cols = self.starts.tolist(), self.cols
+        firsts = np.flatnonzero(np.diff(pair_cells, prepend=-1))
         lens = self.sizes[pair_cells]
-        blockwise = len(order) and lens.sum() >= DENSE_BLOCKWISE_MIN_MEAN * len(firsts)
+        total = int(lens.sum())
+        runs = (firsts.tolist(), firsts[1:].tolist() + [len(order)], pair_cells[firsts].tolist())
+        if not total:
+            return np.full((n_q, k), -1, dtype=np.int64)
+        if total < DENSE_BLOCKWISE_MIN_MEAN * len(firsts) and \
+                n_q * width * self.max_size <= DENSE_PAD_MAX_WASTE * total:
+            return self._padded(aug, cells, order, runs, k)
+        return self._blockwise(aug, order // width, order % width == 0, runs, k)
+
+    def _padded(self, aug: np.ndarray, cells: np.ndarray, order: np.ndarray, runs, k: int
+                ) -> np.ndarray:
+        """``_batch`` for small products: every query's scores in one padded row.
+
+        Row ``q`` holds, for each of its probes ``p``, the scores of that
+        cell's rows at ``p * max_size`` on (inf past the cell's end), so the
+        position of a score names its entry. The cut-off of a query is the
+        k-th smallest of its best scores place by place (the minimum over
+        its probes at each offset): ``k`` distinct rows score at most that,
+        so it bounds the k-th best from above, and tightly (about ``k``
+        scores pass it); when no probed cell holds ``k`` rows it is the
+        k-th of all the query's scores. The few scores under it are sorted
+        side by side.
+        """
+        n_q, width = cells.shape
+        size, n_pairs = self.max_size, len(order)
+        # Products into rows in pair order (cell by cell, each a slice),
+        # then one gather puts them in query order; -1 probes take the last,
+        # empty, row.
+        by_cell = np.full((n_pairs + 1, size), np.inf, dtype=np.float32)
+        aug_pairs = aug[order // width]
+        starts, cols_t = self.starts_list, self.cols_t
+        for lo, hi, c in zip(*runs):
+            a, b = starts[c], starts[c + 1]
+            np.matmul(aug_pairs[lo:hi], cols_t[:, a:b], out=by_cell[lo:hi, :b - a])
+        place = np.full(n_q * width, n_pairs, dtype=np.int64)
+        place[order] = np.arange(n_pairs)
+        scored = by_cell[place].reshape(n_q, width * size)
+        big = np.float32(np.finfo(np.float32).max)
+        if size >= k:
+            by_probe = scored.reshape(n_q, width, size)
+            if width <= PAD_CHAIN_MAX_PROBES:
+                least = np.minimum(by_probe[:, 0], by_probe[:, 1]) if width > 1 else \
+                    by_probe[:, 0].copy()
+                for p in range(2, width):
+                    np.minimum(least, by_probe[:, p], out=least)
+            else:
+                least = by_probe.min(axis=1)
+            least.sort(axis=1)                  # (a SIMD sort: faster than a partition here)
+            cut = least[:, k - 1].copy()
+        else:
+            cut = np.full(n_q, np.inf, dtype=np.float32)
+        open_ = np.flatnonzero(cut > big)
+        if len(open_):
+            # No probed cell of k rows: the k-th of all the query's scores.
+            cut[open_] = np.partition(scored[open_], k - 1, axis=1)[:, k - 1] \
+                if width * size >= k else np.inf
+            np.minimum(cut, big, out=cut)   # (never the pads)
+        hit = np.flatnonzero(scored <= cut[:, None])
+        pair = hit // size                  # (query * width + probe)
+        entries = self.starts[cells].ravel()[pair] + (hit - pair * size)
+        q_of = pair // width
+        return _top_per_query(q_of, scored.ravel()[hit], entries, n_q, k, by_query=True)
+
+    def _blockwise(self, aug: np.ndarray, qs: np.ndarray, lead: np.ndarray, runs, k: int
+                   ) -> np.ndarray:
+        """``_batch`` for large products (or cells of very unequal sizes): each thresholded alone.
+
+        A query's cut-off is the k-th best score in its nearest cell (any
+        other cell of ``k`` rows or more gives one when the nearest is
+        smaller).
+        """
+        n_q = len(aug)
+        starts, cols_t = self.starts_list, self.cols_t
+        aug_pairs = aug[qs]
         cut = np.full(n_q, np.inf, dtype=np.float32)
         blocks = []
-        for lo, hi, c in zip(firsts, lasts, pair_cells[firsts].tolist()):
+        for lo, hi, c in zip(*runs):
             a, b = starts[c], starts[c + 1]
-            block = aug_pairs[lo:hi] @ cols[a:b].T
+            block = aug_pairs[lo:hi] @ cols_t[:, a:b]
             blocks.append(block)
-            if blockwise and b - a >= k:
+            if b - a >= k:
                 mine = qs[lo:hi]
                 need = lead[lo:hi] | np.isinf(cut[mine])
                 if need.any():
                     kth = np.partition(block[need], k - 1, axis=1)[:, k - 1]
                     cut[mine[need]] = np.minimum(cut[mine[need]], kth)
-        if blockwise:
-            # Large products: each thresholded on its own.
-            got_q, got_v, got_e = [], [], []
-            for lo, hi, c, block in zip(firsts, lasts, pair_cells[firsts].tolist(), blocks):
-                r, col = np.nonzero(block <= cut[qs[lo:hi]][:, None])
-                got_q.append(qs[lo:hi][r])
-                got_v.append(block[r, col])
-                got_e.append(starts[c] + col)
-            q_of, vals, entries = (np.concatenate(p) for p in (got_q, got_v, got_e))
-        else:
-            # Small products: all the scores as one flat array, pair by pair;
-            # the cut-offs from the nearest cells' scores, side by side.
-            flat = np.concatenate([blk.ravel() for blk in blocks]) if blocks else \
-                np.zeros(0, np.float32)
-            seg = np.cumsum(lens) - lens
-            if len(order):
-                firsts_of = seg[lead]
-                n_lead = lens[lead]
-                pad = np.full((n_q, max(int(n_lead.max()), k)), np.inf, dtype=np.float32)
-                at = _ranges(firsts_of, n_lead)
-                pad[np.repeat(qs[lead], n_lead), at - np.repeat(firsts_of, n_lead)] = flat[at]
-                cut = np.partition(pad, k - 1, axis=1)[:, k - 1]
-            hit = np.flatnonzero(flat <= np.repeat(cut[qs], lens))
-            pair = np.searchsorted(seg, hit, side="right") - 1
-            q_of, vals = qs[pair], flat[hit]
-            entries = self.starts[pair_cells[pair]] + (hit - seg[pair])
+        got_q, got_v, got_e = [], [], []
+        for lo, hi, c, block in zip(*runs, blocks):
+            r, col = np.nonzero(block <= cut[qs[lo:hi]][:, None])
+            got_q.append(qs[lo:hi][r])
+            got_v.append(block[r, col])
+            got_e.append(starts[c] + col)
+        q_of, vals, entries = (np.concatenate(p) for p in (got_q, got_v, got_e))
         return _top_per_query(q_of, vals, entries, n_q, k)
 
     def _ranked(self, queries: np.ndarray, entries: np.ndarray
@@ -203,20 +270,21 @@ class DenseIndex:
         Distances are computed from the rows, as the metric defines them.
         """
         ok = entries >= 0
-        x = self.vectors(np.where(ok, entries, 0).ravel()).reshape(entries.shape + (-1,))
+        # (A pad's -1 reads the last row; its distance is replaced below.)
+        x = self.x.take(entries.ravel(), axis=0).reshape(entries.shape + (-1,))
         if self.metric == "l2":
-            diff = x - queries[:, None, :]
-            d = np.einsum("qkd,qkd->qk", diff, diff)
+            x -= queries[:, None, :]
+            d = np.einsum("qkd,qkd->qk", x, x)
         else:
             dots = np.einsum("qkd,qd->qk", x, queries)
             d = 1.0 - dots if self.metric == "cosine" else -dots
-        dist = np.where(ok, d, np.inf).astype(np.float32)
+        dist = np.where(ok, d, np.float32(np.inf))
         order = np.argsort(dist, axis=1, kind="stable")
-        dist, entries = np.take_along_axis(dist, order, 1), np.take_along_axis(entries, order, 1)
+        order += np.arange(0, order.size, order.shape[1])[:, None]   # (flat positions)
+        dist, entries = dist.ravel()[order], entries.ravel()[order]
         ok = entries >= 0
-        at = np.where(ok, entries, 0)
-        return (dist, np.where(ok, self.superfile[at], -1).astype(np.int64),
-                np.where(ok, self.row[at], -1))
+        return (dist, np.where(ok, self.superfile[entries], -1).astype(np.int64, copy=False),
+                np.where(ok, self.row[entries], -1))
 
 
 def _ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -226,25 +294,48 @@ def _ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     return base + np.arange(total)
 
 
-def _top_per_query(q_of: np.ndarray, vals: np.ndarray, entries: np.ndarray, n_q: int, k: int
-                   ) -> np.ndarray:
-    """``[n_q, k]``: each query's ``k`` entries of lowest finite ``vals``, best first (-1 pads)."""
-    keep = np.isfinite(vals)
-    q_of, vals, entries = q_of[keep], vals[keep], entries[keep]
+def _keys(vals: np.ndarray, entries: np.ndarray) -> np.ndarray:
+    """int64 sort keys ordering ``(vals, entries)`` as pairs: score first, then entry.
+
+    A float32's bits, with the magnitude bits of negatives flipped, order as
+    the floats do (-0.0 is made +0.0 first, so the two tie); the entry (under
+    2**31: the held rows are far fewer) fills the low half. One plain sort of
+    the keys then is a stable sort of the scores by entry, with no argsort.
+    """
+    bits = (vals + np.float32(0)).view(np.int32)
+    bits = bits ^ ((bits >> 31) & np.int32(0x7FFFFFFF))
+    return (bits.astype(np.int64) << 32) | entries
+
+
+_NO_KEY = np.iinfo(np.int64).max
+
+
+def _top_per_query(q_of: np.ndarray, vals: np.ndarray, entries: np.ndarray, n_q: int, k: int,
+                   by_query: bool = False) -> np.ndarray:
+    """``[n_q, k]``: each query's ``k`` entries of lowest finite ``vals``, best first (-1 pads).
+
+    Equal values go to the lower entry.
+
+    Args:
+        by_query: ``q_of`` is sorted already.
+    """
     top = np.full((n_q, k), -1, dtype=np.int64)
+    if not by_query:
+        keep = np.isfinite(vals)
+        q_of, vals, entries = q_of[keep], vals[keep], entries[keep]
+        order = np.argsort(q_of, kind="stable")
+        q_of, vals, entries = q_of[order], vals[order], entries[order]
     if not len(q_of):
         return top
-    order = np.argsort(q_of, kind="stable")
-    q_of, vals, entries = q_of[order], vals[order], entries[order]
     counts = np.bincount(q_of, minlength=n_q)
-    slot = np.arange(len(q_of)) - np.repeat(np.cumsum(counts) - counts, counts)
+    width = max(int(counts.max()), k)
     # The few kept of each query, side by side: one sort along the rows.
-    pad_val = np.full((n_q, int(counts.max())), np.inf, dtype=np.float32)
-    pad_ent = np.full(pad_val.shape, -1, dtype=np.int64)
-    pad_val[q_of, slot], pad_ent[q_of, slot] = vals, entries
-    order = np.argsort(pad_val, axis=1, kind="stable")[:, :k]
-    top[:, :order.shape[1]] = np.take_along_axis(pad_ent, order, 1)
-    return top
+    keys = np.full((n_q, width), _NO_KEY, dtype=np.int64)
+    first = np.cumsum(counts) - counts
+    keys.ravel()[np.arange(len(q_of)) + (q_of * width - first[q_of])] = _keys(vals, entries)
+    keys.sort(axis=1)
+    # The entry is the low half; a pad's low half (all ones) reads as -1 in int32.
+    return (keys[:, :k] & 0xFFFFFFFF).astype(np.int32).astype(np.int64)
 
 
 def usable(rows: int, dim: int) -> bool:
