@@ -201,14 +201,23 @@ def faiss_index(x, q, metric, truth_pos):
     raise AssertionError("unreachable")
 
 
-def interleaved(fns, repeat):
-    """Best seconds of each function, the runs interleaved so that load drift hits all alike."""
+def interleaved(fns, repeat, min_seconds=2.0, max_rounds=200):
+    """Best seconds of each function, the runs interleaved so that load drift hits all alike.
+
+    At least ``repeat`` rounds, and more (up to ``max_rounds``) until the rounds
+    have taken ``min_seconds``: on a small shape a call takes a millisecond or
+    two, and the best of seven such calls on a shared machine said more about
+    the load than about the code (brute force on digits measured 7k to 37k q/s
+    between runs).
+    """
     best = {name: float("inf") for name in fns}
-    for _ in range(repeat):
+    start, rounds = time.perf_counter(), 0
+    while rounds < repeat or (time.perf_counter() - start < min_seconds and rounds < max_rounds):
         for name, fn in fns.items():
             t0 = time.perf_counter()
             fn()
             best[name] = min(best[name], time.perf_counter() - t0)
+        rounds += 1
     return best
 
 
