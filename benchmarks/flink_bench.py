@@ -321,14 +321,9 @@ class _RunningCluster:
                         *self.args(runner)], capture_output=True, check=True)
 
     def stop(self) -> None:
-        import signal
-        if self.job_server is not None and self.job_server.poll() is None:
-            os.killpg(self.job_server.pid, signal.SIGTERM)
-            try:
-                self.job_server.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.job_server.pid, signal.SIGKILL)
-                self.job_server.wait()
+        from tests.pipelines.flink_cluster import stop_group
+        if self.job_server is not None:
+            stop_group(self.job_server)
         if self.pool is not None:
             self.pool.stop()
         if self.cluster is not None:

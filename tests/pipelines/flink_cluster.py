@@ -175,17 +175,23 @@ class FlinkCluster:
         return out
 
     def stop(self) -> None:
-        for proc in self.taskmanagers + [self.jobmanager]:
-            if proc is not None and proc.poll() is None:
+        procs = [p for p in self.taskmanagers + [self.jobmanager] if p is not None]
+        for proc in procs:
+            if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.taskmanagers + [self.jobmanager]:
-            if proc is None:
-                continue
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        for proc in procs:
+            stop_group(proc)
+
+
+def stop_group(proc: subprocess.Popen, timeout: float = 20) -> None:
+    """Stops a process started in its own group, and its children: TERM, then KILL."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 class WorkerPool:
@@ -231,10 +237,5 @@ class WorkerPool:
 
     def stop(self) -> None:
         # The pool and the workers it started share one process group.
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        if self.process is not None:
+            stop_group(self.process)
