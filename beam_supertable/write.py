@@ -726,6 +726,11 @@ class WriteToSupertable(beam.PTransform):
 
     def expand(self, rows):
         bounded = rows.is_bounded
+        if bounded and not rows.windowing.is_default():
+            # Bounded input lands as one commit: upstream windows or triggers
+            # would split the sample, the plan (a grid trained per window)
+            # and the commit per window or pane.
+            rows = rows | "GlobalWindow" >> beam.WindowInto(window.GlobalWindows())
         if not bounded:
             rows = rows | "Window" >> beam.WindowInto(
                 window.GlobalWindows(),
