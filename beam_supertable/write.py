@@ -664,7 +664,8 @@ class WriteToSupertable(beam.PTransform):
         SchemaMismatchError: settings that do not match the table at ``uri``.
 
     Note:
-        Bounded input lands as one commit. Each commit is visible to readers
+        Bounded input lands as one commit, whatever its windows or trigger
+        (it is re-windowed into the global window first). Each commit is visible to readers
         as soon as it lands; superfiles of attempts that fail are orphans for
         ``vacuum``. A commit whose token already landed with the same rows is
         logged at WARNING and counted in ``beam_supertable/deduplicated_commits``;
