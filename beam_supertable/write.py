@@ -664,7 +664,8 @@ class WriteToSupertable(beam.PTransform):
         SchemaMismatchError: settings that do not match the table at ``uri``.
 
     Note:
-        Bounded input lands as one commit. Each commit is visible to readers
+        Bounded input lands as one commit, whatever its windows or trigger
+        (it is re-windowed into the global window first). Each commit is visible to readers
         as soon as it lands; superfiles of attempts that fail are orphans for
         ``vacuum``. A commit whose token already landed with the same rows is
         logged at WARNING and counted in ``beam_supertable/deduplicated_commits``;
@@ -726,6 +727,11 @@ class WriteToSupertable(beam.PTransform):
 
     def expand(self, rows):
         bounded = rows.is_bounded
+        if bounded and not rows.windowing.is_default():
+            # Bounded input lands as one commit: upstream windows or triggers
+            # would split the sample, the plan (a grid trained per window)
+            # and the commit per window or pane.
+            rows = rows | "GlobalWindow" >> beam.WindowInto(window.GlobalWindows())
         if not bounded:
             rows = rows | "Window" >> beam.WindowInto(
                 window.GlobalWindows(),

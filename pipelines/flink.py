@@ -74,7 +74,16 @@ def _given(argv: Sequence[str], name: str) -> bool:
     return any(a == f"--{name}" or a.startswith(f"--{name}=") for a in argv)
 
 
-def fill_defaults(options: PipelineOptions, argv: Sequence[str]) -> PipelineOptions:
+def _cache_given(portable: PortableOptions, argv: Sequence[str]) -> bool:
+    # Beam declares --environment_cache_millis without a type: a value from
+    # flags (argv, from_dictionary, an abbreviation on apache-beam < 2.63) is
+    # a string, and its default is the int 0. So any value other than the int
+    # 0 was chosen by the user, whether or not ``argv`` shows the flag.
+    value = portable.environment_cache_millis
+    return _given(argv, "environment_cache_millis") or isinstance(value, str) or value != 0
+
+
+def fill_defaults(options: PipelineOptions, argv: Sequence[str] = ()) -> PipelineOptions:
     """For FlinkRunner: the local job server build unless a jar was named, and
     SDK workers kept for the whole job (:data:`ENVIRONMENT_CACHE_MS`) unless
     ``--environment_cache_millis`` was given.
@@ -82,7 +91,10 @@ def fill_defaults(options: PipelineOptions, argv: Sequence[str]) -> PipelineOpti
     Args:
         options: the pipeline options built from ``argv``.
         argv: the command-line flags ``options`` came from; they tell which
-            options were given literally.
+            options were given literally. An options object built otherwise
+            (a dictionary, keyword arguments) keeps the values it holds, but
+            an ``environment_cache_millis`` of the int 0 there is Beam's
+            default and reads as unset: pass ``"0"`` or the flag in ``argv``.
     """
     if is_flink(options):
         portable = options.view_as(PortableOptions)
@@ -92,7 +104,7 @@ def fill_defaults(options: PipelineOptions, argv: Sequence[str]) -> PipelineOpti
         # instead of running the job. Keep it only when it was given literally.
         if not _given(argv, "output_executable_path"):
             portable.output_executable_path = None
-        if not _given(argv, "environment_cache_millis"):
+        if not _cache_given(portable, argv):
             portable.environment_cache_millis = ENVIRONMENT_CACHE_MS
         flink = options.view_as(FlinkRunnerOptions)
         # A job submitted to a running job server (--job_endpoint) needs no jar.
