@@ -30,8 +30,7 @@ JOB_SERVER_JAR_ENV = "BEAM_FLINK_JOB_SERVER_JAR"
 # of them. Beam's default (0) closes them whenever no task holds them, and a
 # batch job runs its stages one pipelined region after another, so every
 # region started the Python workers afresh (a new process each with EXTERNAL
-# or PROCESS workers) and set the DoFns up again: WriteToSupertable's five
-# regions paid it five times.
+# or PROCESS workers) and set the DoFns up again, once per region of the job.
 ENVIRONMENT_CACHE_MS = 60_000
 
 
