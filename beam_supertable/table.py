@@ -1011,14 +1011,10 @@ class Supertable:
             return pa.schema(fields).empty_table()
         if not names:
             # Ids only: each hit's id straight from its superfile's ``_id`` column.
-            present = np.flatnonzero(np.bincount(sis, minlength=len(entries))).tolist()
-            if len(present) == 1:
-                ids = self._reader(entries[present[0]]).ids_of(rows)
-            else:
-                ids = np.empty(len(rows), dtype=np.int64)
-                for si in present:
-                    mask = sis == si
-                    ids[mask] = self._reader(entries[si]).ids_of(rows[mask])
+            ids = np.empty(len(rows), dtype=np.int64)
+            for si in np.flatnonzero(np.bincount(sis, minlength=len(entries))).tolist():
+                mask = sis == si
+                ids[mask] = self._reader(entries[si]).ids_of(rows[mask])
             columns = [pa.array(ids, fields[0].type)]
             if dist is not None:
                 columns.append(pa.array(dist, pa.float32()))

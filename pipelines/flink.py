@@ -76,10 +76,9 @@ def _given(argv: Sequence[str], name: str) -> bool:
 def _cache_given(portable: PortableOptions, argv: Sequence[str]) -> bool:
     # Beam declares --environment_cache_millis without a type: a value from
     # flags (argv, from_dictionary, an abbreviation on apache-beam < 2.63) is
-    # a string, and its default is the int 0. So any value other than the int
-    # 0 was chosen by the user, whether or not ``argv`` shows the flag.
-    value = portable.environment_cache_millis
-    return _given(argv, "environment_cache_millis") or isinstance(value, str) or value != 0
+    # a string (even "0"), and its default is the int 0. So any value other
+    # than the int 0 was chosen by the user, whether or not ``argv`` shows it.
+    return _given(argv, "environment_cache_millis") or portable.environment_cache_millis != 0
 
 
 def fill_defaults(options: PipelineOptions, argv: Sequence[str] = ()) -> PipelineOptions:
