@@ -184,15 +184,25 @@ def _drawn_on_a_terminal(calls, clock):
     """What a Progress bar writes to a real pseudo-terminal for ``calls``."""
     master, slave = pty.openpty()
     try:
-        with os.fdopen(slave, "w", closefd=False) as tty:
+        with os.fdopen(slave, "w") as tty:
             bar = Progress(tty, "optimize", clock=clock)
             for done, total in calls:
                 bar(done, total)
             bar.close()
-        return os.read(master, 65536).decode()
+        # One read returns what one write put in the pty, not all of it;
+        # with the terminal side closed, read until Linux says EIO.
+        drawn = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            drawn += chunk
+        return drawn.decode()
     finally:
         os.close(master)
-        os.close(slave)
 
 
 def test_progress_draws_on_a_terminal_and_stays_silent_otherwise(tmp_path):
