@@ -85,6 +85,8 @@ class Supertable:
         self._grid: Optional[tuple] = None   # (sha256, centroids) of the grid last read
         self._lineage: Dict[tuple, Optional[np.ndarray]] = {}
         self._law_cache: tuple = (None, None)
+        self._dense_memo: tuple = (None, 0, None, None)
+        self._result_schema: tuple = (None, None, None)
         self._entry_cells: Dict[str, frozenset] = {}
         self._written: Optional[tuple] = None   # (entry ids, rows) of the commit under way
         self.io = IOStats()
@@ -873,10 +875,9 @@ class Supertable:
         vp = self._vector_props()
         centroids = self.grid()
         n_q = len(queries)
-        out = (np.full((n_q, depth), np.inf, np.float32), np.full((n_q, depth), -1, np.int64),
-               np.full((n_q, depth), -1, np.int64))
         if centroids is None or not entries:
-            return out
+            return (np.full((n_q, depth), np.inf, np.float32), np.full((n_q, depth), -1, np.int64),
+                    np.full((n_q, depth), -1, np.int64))
         metric = vp["metric"]
         q = prepare(queries, metric)
         n_cells = len(centroids)
@@ -892,6 +893,8 @@ class Supertable:
                 return dense.search(q, nearest(q, centroids, metric, probe), depth)
             with vector_search.one_blas_thread():
                 return dense.search(q, nearest(q, centroids, metric, probe), depth)
+        out = (np.full((n_q, depth), np.inf, np.float32), np.full((n_q, depth), -1, np.int64),
+               np.full((n_q, depth), -1, np.int64))
         todo = np.arange(n_q)
         if len(self._entry_cells) > 2 * self._snapshot.totals.get("superfiles", 0) + 1024:
             self._entry_cells.clear()   # (superfiles of older versions)
@@ -948,12 +951,17 @@ class Supertable:
         their deletion vectors, so any change to the rows makes a new one.
         """
         vp = self._vector_props()
-        mine = [(si, e) for si, e in enumerate(entries) if e.get("cells")]
-        rows = sum(int(e.get("rows", 0)) for _, e in mine)
-        if not mine or not dense_mod.usable(rows, vp["dim"]):
+        memo = self._dense_memo    # (the key is the same for every search of a version)
+        if memo[0] is not self._snapshot or memo[1] != len(entries):
+            mine = [(si, e) for si, e in enumerate(entries) if e.get("cells")]
+            rows = sum(int(e.get("rows", 0)) for _, e in mine)
+            key = None if not mine or not dense_mod.usable(rows, vp["dim"]) else (
+                "dense", sha, vp["metric"],
+                tuple((e["id"], tuple(self._snapshot.deletes.get(e["id"], ()))) for _, e in mine))
+            memo = self._dense_memo = (self._snapshot, len(entries), mine, key)
+        _, _, mine, key = memo
+        if key is None:
             return None
-        key = ("dense", sha, vp["metric"],
-               tuple((e["id"], tuple(self._snapshot.deletes.get(e["id"], ()))) for _, e in mine))
         found = self._cache.get(key)
         if found is not None or not batch:
             return found
@@ -961,7 +969,7 @@ class Supertable:
             [self._reader(e) for _, e in mine], [self._deleted_rows(e) for _, e in mine],
             len(self.grid()), vp["metric"])
         # Its superfile numbers are positions in ``mine``: make them entries'.
-        built.superfile = np.array([si for si, _ in mine], np.int64)[built.superfile]
+        built.superfile = np.append(np.array([si for si, _ in mine], np.int64), -1)[built.superfile]
         return self._cache.put(key, built, built.nbytes)
 
     def _cells_of(self, entry: dict) -> frozenset:
@@ -1000,29 +1008,34 @@ class Supertable:
                      names, single: bool, dist=None, score=None) -> pa.Table:
         """One table of hits ``(query, superfile, row)``: each superfile read once for all
         queries' rows; ``dist`` / ``score`` (per hit) become ``_distance`` / ``_score``."""
-        fields = [self.schema.field(ID)] + [self.schema.field(c) for c in names]
-        if dist is not None:
-            fields.append(pa.field("_distance", pa.float32()))
-        if score is not None:
-            fields.append(pa.field("_score", pa.float32()))
-        if not single:
-            fields.append(pa.field("_query", pa.int32()))
+        shape = (tuple(names), dist is not None, score is not None, single)
+        memo = self._result_schema   # (searches repeat one shape: built once per version)
+        if memo[0] is not self._snapshot or memo[1] != shape:
+            fields = [self.schema.field(ID)] + [self.schema.field(c) for c in names]
+            if dist is not None:
+                fields.append(pa.field("_distance", pa.float32()))
+            if score is not None:
+                fields.append(pa.field("_score", pa.float32()))
+            if not single:
+                fields.append(pa.field("_query", pa.int32()))
+            memo = self._result_schema = (self._snapshot, shape, pa.schema(fields))
+        schema = memo[2]
         if not len(rows):
-            return pa.schema(fields).empty_table()
+            return schema.empty_table()
         if not names:
             # Ids only: each hit's id straight from its superfile's ``_id`` column.
             ids = np.empty(len(rows), dtype=np.int64)
             for si in np.flatnonzero(np.bincount(sis, minlength=len(entries))).tolist():
                 mask = sis == si
                 ids[mask] = self._reader(entries[si]).ids_of(rows[mask])
-            columns = [pa.array(ids, fields[0].type)]
+            columns = [pa.array(ids, schema.field(0).type)]
             if dist is not None:
                 columns.append(pa.array(dist, pa.float32()))
             if score is not None:
                 columns.append(pa.array(score, pa.float32()))
             if not single:
                 columns.append(pa.array(np.asarray(qi).astype(np.int32, copy=False), pa.int32()))
-            return pa.Table.from_arrays(columns, schema=pa.schema(fields))
+            return pa.Table.from_arrays(columns, schema=schema)
         parts, where = [], np.empty(len(rows), dtype=np.int64)
         base = 0
         for si in np.unique(sis).tolist():

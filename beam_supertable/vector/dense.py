@@ -57,13 +57,16 @@ class DenseIndex:
             columns are one slice, the layout its products run fastest on.
         starts: ``[n_cells + 1]``: the rows of cell ``c`` are
             ``starts[c]:starts[c + 1]``.
-        superfile, row: ``[n]`` each row's superfile (index into the
-            entries the index was built from) and row in it.
+        superfile, row: ``[n + 1]`` each row's superfile (index into the
+            entries the index was built from) and row in it, then -1.
     """
 
     def __init__(self, x: np.ndarray, starts: np.ndarray, superfile: np.ndarray,
                  row: np.ndarray, metric: str) -> None:
-        self.x, self.starts, self.superfile, self.row = x, starts, superfile, row
+        self.x, self.starts = x, starts
+        # (A -1 sentinel after the last row: a pad entry, -1, reads it.)
+        self.superfile = np.append(superfile.astype(np.int64), -1)
+        self.row = np.append(row.astype(np.int64), -1)
         self.cols_t = np.empty((x.shape[1] + 1, len(x)), dtype=np.float32)
         if metric == "l2":
             self.cols_t[:-1] = -2 * x.T
@@ -75,8 +78,8 @@ class DenseIndex:
         self.sizes = np.diff(starts)
         self.starts_list = starts.tolist()
         self.max_size = int(self.sizes.max()) if len(self.sizes) else 0
-        self.nbytes = int(x.nbytes + self.cols_t.nbytes + starts.nbytes + superfile.nbytes
-                          + row.nbytes)
+        self.nbytes = int(x.nbytes + self.cols_t.nbytes + starts.nbytes + self.superfile.nbytes
+                          + self.row.nbytes)
 
     @classmethod
     def build(cls, readers: Sequence, deleted: Sequence[np.ndarray], n_cells: int,
@@ -162,17 +165,18 @@ class DenseIndex:
         """
         n_q, width = cells.shape
         flat_cells = cells.ravel()
-        order = np.argsort(flat_cells, kind="stable")
-        if len(order) and flat_cells[order[0]] < 0:
-            order = order[flat_cells[order] >= 0]
-        pair_cells = flat_cells[order]
-        firsts = np.flatnonzero(np.diff(pair_cells, prepend=-1))
-        lens = self.sizes[pair_cells]
-        total = int(lens.sum())
-        runs = (firsts.tolist(), firsts[1:].tolist() + [len(order)], pair_cells[firsts].tolist())
+        # (A stable sort of 16-bit keys is a radix sort: twice as fast.)
+        keys = flat_cells.astype(np.int16) if len(self.sizes) < 1 << 15 else flat_cells
+        counts = np.bincount(flat_cells + 1, minlength=len(self.sizes) + 1)
+        order = np.argsort(keys, kind="stable")[counts[0]:]     # (-1 probes sort first)
+        counts = counts[1:]
+        used = np.flatnonzero(counts)
+        ends = np.cumsum(counts)[used]
+        total = int(counts @ self.sizes)
+        runs = ((ends - counts[used]).tolist(), ends.tolist(), used.tolist())
         if not total:
             return np.full((n_q, k), -1, dtype=np.int64)
-        if total < DENSE_BLOCKWISE_MIN_MEAN * len(firsts) and \
+        if total < DENSE_BLOCKWISE_MIN_MEAN * len(used) and \
                 n_q * width * self.max_size <= DENSE_PAD_MAX_WASTE * total:
             return self._padded(aug, cells, order, runs, k)
         return self._blockwise(aug, order // width, order % width == 0, runs, k)
@@ -205,7 +209,7 @@ class DenseIndex:
         place = np.full(n_q * width, n_pairs, dtype=np.int64)
         place[order] = np.arange(n_pairs)
         scored = by_cell[place].reshape(n_q, width * size)
-        big = np.float32(np.finfo(np.float32).max)
+        big = _BIG
         if size >= k:
             by_probe = scored.reshape(n_q, width, size)
             if width <= PAD_CHAIN_MAX_PROBES:
@@ -219,7 +223,7 @@ class DenseIndex:
             cut = least[:, k - 1].copy()
         else:
             cut = np.full(n_q, np.inf, dtype=np.float32)
-        open_ = np.flatnonzero(cut > big)
+        open_ = np.flatnonzero(cut > big) if cut.max() > big else ()
         if len(open_):
             # No probed cell of k rows: the k-th of all the query's scores.
             cut[open_] = np.partition(scored[open_], k - 1, axis=1)[:, k - 1] \
@@ -269,22 +273,21 @@ class DenseIndex:
 
         Distances are computed from the rows, as the metric defines them.
         """
-        ok = entries >= 0
         # (A pad's -1 reads the last row; its distance is replaced below.)
         x = self.x.take(entries.ravel(), axis=0).reshape(entries.shape + (-1,))
         if self.metric == "l2":
             x -= queries[:, None, :]
-            d = np.einsum("qkd,qkd->qk", x, x)
+            dist = np.einsum("qkd,qkd->qk", x, x)
         else:
             dots = np.einsum("qkd,qd->qk", x, queries)
-            d = 1.0 - dots if self.metric == "cosine" else -dots
-        dist = np.where(ok, d, np.float32(np.inf))
+            dist = 1.0 - dots if self.metric == "cosine" else -dots
+        pads = entries < 0
+        if pads.any():
+            dist[pads] = np.inf
         order = np.argsort(dist, axis=1, kind="stable")
         order += np.arange(0, order.size, order.shape[1])[:, None]   # (flat positions)
         dist, entries = dist.ravel()[order], entries.ravel()[order]
-        ok = entries >= 0
-        return (dist, np.where(ok, self.superfile[entries], -1).astype(np.int64, copy=False),
-                np.where(ok, self.row[entries], -1))
+        return dist, self.superfile[entries], self.row[entries]
 
 
 def _ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -308,6 +311,7 @@ def _keys(vals: np.ndarray, entries: np.ndarray) -> np.ndarray:
 
 
 _NO_KEY = np.iinfo(np.int64).max
+_BIG = np.float32(np.finfo(np.float32).max)   # (finfo costs microseconds a call)
 
 
 def _top_per_query(q_of: np.ndarray, vals: np.ndarray, entries: np.ndarray, n_q: int, k: int,
@@ -319,14 +323,13 @@ def _top_per_query(q_of: np.ndarray, vals: np.ndarray, entries: np.ndarray, n_q:
     Args:
         by_query: ``q_of`` is sorted already.
     """
-    top = np.full((n_q, k), -1, dtype=np.int64)
     if not by_query:
         keep = np.isfinite(vals)
         q_of, vals, entries = q_of[keep], vals[keep], entries[keep]
         order = np.argsort(q_of, kind="stable")
         q_of, vals, entries = q_of[order], vals[order], entries[order]
     if not len(q_of):
-        return top
+        return np.full((n_q, k), -1, dtype=np.int64)
     counts = np.bincount(q_of, minlength=n_q)
     width = max(int(counts.max()), k)
     # The few kept of each query, side by side: one sort along the rows.

@@ -46,27 +46,25 @@ def nearest(queries: np.ndarray, points: np.ndarray, metric: str, k: int,
     """Indices of the ``k`` nearest points for each query, nearest first."""
     k = min(k, len(points))
     out = np.empty((len(queries), k), dtype=np.int64)
-    if k == 1:
-        # Cell assignment: the nearest point maximizes q·p (- |p|²/2 for l2),
-        # one pass over the products; argpartition on full distances cost ~5x.
+    if k <= ARGMIN_MAX_K and k < len(points) or k == 1:
+        # The nearest point maximizes q·p (- |p|²/2 for l2): one product and
+        # a subtraction, then a pass per pick; argpartition on full distances
+        # cost ~5x, and the distances themselves (norms, clamp) ~3x the
+        # product. Equal scores go to the lower index, as with argmin.
         half = 0.5 * np.einsum("ij,ij->i", points, points) if metric == "l2" else None
         for start in range(0, len(queries), chunk):
             score = queries[start:start + chunk] @ points.T
             if half is not None:
                 score -= half
-            out[start:start + chunk, 0] = score.argmax(axis=1)
+            rows = np.arange(len(score))
+            for j in range(k):
+                best = score.argmax(axis=1)
+                out[start:start + chunk, j] = best
+                if j + 1 < k:
+                    score[rows, best] = -np.inf
         return out
     for start in range(0, len(queries), chunk):
         d = distances(queries[start:start + chunk], points, metric)
-        if k <= ARGMIN_MAX_K and k < d.shape[1]:
-            # A few argmin passes are two orders of magnitude faster than
-            # argpartition over long rows (cell assignment, calibration).
-            rows = np.arange(len(d))
-            for j in range(k):
-                best = d.argmin(axis=1)
-                out[start + rows, j] = best
-                d[rows, best] = np.inf
-            continue
         if k < d.shape[1]:
             part = np.argpartition(d, k - 1, axis=1)[:, :k]
         else:
