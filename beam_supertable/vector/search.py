@@ -107,6 +107,8 @@ def one_blas_thread():
     of them waits for a core (and the caller for it) on a busy machine.
     Sets the BLAS libraries' thread counts directly (a few microseconds;
     ``threadpoolctl``'s ``limit`` re-inspects every library each time).
+    (OpenBLAS 0.3.31 ignores a count set from another thread once the main
+    thread has set one: there this costs speed, never an answer.)
     """
     global _BLAS_LIBS
     if _BLAS_LIBS is None:
@@ -716,7 +718,7 @@ def _search_all(indexes: Sequence[VectorIndex], queries: np.ndarray, probes: np.
         return dist, np.full((n_q, k), -1, np.int64), rows
     everything = slice(None)
     if n_q >= PARALLEL_MIN_QUERIES:
-        pool, blas = _pool()
+        pool, _ = _pool()
         parts = max(1, min(-(-SEARCH_THREADS // len(indexes)), n_q // PARALLEL_MIN_QUERIES))
         bounds = np.linspace(0, n_q, parts + 1).astype(int)
         tasks = [(si, slice(a, b)) for si in range(len(indexes))
@@ -724,7 +726,7 @@ def _search_all(indexes: Sequence[VectorIndex], queries: np.ndarray, probes: np.
         # One BLAS thread per search thread: the products are small, the
         # threads already fill the cores, and BLAS threads on top of them
         # spin against each other.
-        with blas.limit(limits=1, user_api="blas"):
+        with one_blas_thread():
             done = list(pool.map(one, tasks)) if len(tasks) > 1 else [one(tasks[0])]
         per_sf = []
         for si in range(len(indexes)):

@@ -172,3 +172,36 @@ def test_the_held_table_answers_as_the_general_path(tmp_path, monkeypatch, metri
         np.testing.assert_allclose(mine["_distance"].to_numpy(), theirs["_distance"].to_numpy(),
                                    rtol=1e-6, atol=1e-6)
         assert not set(mine["id"].to_pylist()) & set(range(0, start, 9))
+
+
+def _blas_threads():
+    from threadpoolctl import threadpool_info
+    return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+
+
+def test_batches_racing_on_one_handle_answer_as_one(tmp_path):
+    """Threads searching one handle at once (sharing its cached index, and
+    setting the process's BLAS thread counts) get one answer, and leave the
+    counts as they were."""
+    import threading
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(1500, 16)).astype(np.float32)
+    t = Supertable.create(str(tmp_path / "t"), _data(x).schema, vector_column="emb")
+    t.append(_data(x))
+    q = rng.normal(size=(50, 16)).astype(np.float32)
+    want = t.search(vector=q, k=5, columns=["id"])   # (loads every BLAS library it uses)
+    before = _blas_threads()
+    got = [None] * 6
+
+    def run(i):
+        for _ in range(20):
+            got[i] = t.search(vector=q, k=5, columns=["id"])
+
+    racers = [threading.Thread(target=run, args=(i,)) for i in range(6)]
+    for th in racers:
+        th.start()
+    for th in racers:
+        th.join(60)
+    assert all(g is not None and g.equals(want) for g in got)
+    assert _blas_threads() == before
