@@ -205,3 +205,20 @@ def test_batches_racing_on_one_handle_answer_as_one(tmp_path):
         th.join(60)
     assert all(g is not None and g.equals(want) for g in got)
     assert _blas_threads() == before
+
+
+@pytest.mark.parametrize("nprobe", [1, 4])
+def test_a_batch_over_vectors_whose_squares_overflow_float32_answers(tmp_path, nprobe):
+    """The writer takes finite vectors of ~1e20, whose squared norms overflow
+    float32 (scores turn inf or NaN): a batch must still answer, each row at
+    most once per query, never an index past the table's rows."""
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(400, 4)).astype(np.float32) * np.float32(1e20)
+    t = Supertable.create(str(tmp_path / "t"), _data(x).schema, vector_column="emb")
+    t.append(_data(x))
+    q = rng.normal(size=(20, 4)).astype(np.float32) * np.float32(1e20)
+    with np.errstate(over="ignore", invalid="ignore"):
+        got = t.search(vector=q, k=10, nprobe=nprobe, columns=["id"])
+    for ids in _per_query(got, len(q))[0]:
+        assert len(set(ids.tolist())) == len(ids)
+        assert set(ids.tolist()) <= set(range(400))
