@@ -223,7 +223,7 @@ class DenseIndex:
             cut = least[:, k - 1].copy()
         else:
             cut = np.full(n_q, np.inf, dtype=np.float32)
-        open_ = np.flatnonzero(cut > big) if cut.max() > big else ()
+        open_ = np.flatnonzero(cut > big)
         if len(open_):
             # No probed cell of k rows: the k-th of all the query's scores.
             cut[open_] = np.partition(scored[open_], k - 1, axis=1)[:, k - 1] \

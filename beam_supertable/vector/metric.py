@@ -59,6 +59,13 @@ def nearest(queries: np.ndarray, points: np.ndarray, metric: str, k: int,
             rows = np.arange(len(score))
             for j in range(k):
                 best = score.argmax(axis=1)
+                if j:
+                    # A row left with only -inf (a pick, masked; or a score
+                    # overflowed by huge vectors) would return a pick again.
+                    spent = np.flatnonzero(score[rows, best] == -np.inf)
+                    for r in spent.tolist():
+                        best[r] = np.setdiff1d(np.flatnonzero(score[r] == -np.inf),
+                                               out[start + r, :j])[0]
                 out[start:start + chunk, j] = best
                 if j + 1 < k:
                     score[rows, best] = -np.inf

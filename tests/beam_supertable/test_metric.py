@@ -49,3 +49,17 @@ def test_equal_points_go_to_the_lower_index(metric, k):
     assert got[:2] == [0, 1][:k]
     if k >= 3:
         assert got[2:4] == [2, 3][:k - 2]
+
+
+@pytest.mark.parametrize("metric", ["l2", "dot"])
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_scores_overflowed_by_huge_vectors_never_pick_a_point_twice(metric, k):
+    """Finite vectors of ~1e20 overflow float32 products and squared norms to
+    -inf (or NaN): the picks must still be ``k`` distinct points (a repeated
+    probe would score a cell's rows twice)."""
+    points = np.array([[1, 0], [0, 1], [-1, 0], [0, -1], [2, 2]], np.float32) * np.float32(1e20)
+    queries = np.array([[1, 0.1], [-3, 1]], np.float32) * np.float32(1e20)
+    with np.errstate(over="ignore", invalid="ignore"):
+        got = nearest(queries, points, metric, k)
+    assert got.shape == (2, k)
+    assert all(len(set(row)) == k for row in got.tolist())

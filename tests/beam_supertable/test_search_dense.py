@@ -4,6 +4,8 @@ The results must be those of the general path: exact where every cell is
 probed, blind to deleted rows, and never stale after a commit.
 """
 
+import warnings
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -205,3 +207,21 @@ def test_batches_racing_on_one_handle_answer_as_one(tmp_path):
         th.join(60)
     assert all(g is not None and g.equals(want) for g in got)
     assert _blas_threads() == before
+
+
+@pytest.mark.parametrize("nprobe", [1, 4])
+def test_a_batch_over_vectors_whose_squares_overflow_float32_answers(tmp_path, nprobe):
+    """The writer takes finite vectors of ~1e20, whose squared norms overflow
+    float32 (scores turn inf or NaN): a batch must still answer, each row at
+    most once per query, never an index past the table's rows."""
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(400, 4)).astype(np.float32) * np.float32(1e20)
+    q = rng.normal(size=(20, 4)).astype(np.float32) * np.float32(1e20)
+    with np.errstate(over="ignore", invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # (sklearn's k-means casts too)
+        t = Supertable.create(str(tmp_path / "t"), _data(x).schema, vector_column="emb")
+        t.append(_data(x))
+        got = t.search(vector=q, k=10, nprobe=nprobe, columns=["id"])
+    for ids in _per_query(got, len(q))[0]:
+        assert len(set(ids.tolist())) == len(ids)
+        assert set(ids.tolist()) <= set(range(400))
