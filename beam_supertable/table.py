@@ -85,7 +85,7 @@ class Supertable:
         self._grid: Optional[tuple] = None   # (sha256, centroids) of the grid last read
         self._lineage: Dict[tuple, Optional[np.ndarray]] = {}
         self._law_cache: tuple = (None, None)
-        self._dense_memo: tuple = (None, 0, None, None)
+        self._dense_memo: tuple = (None, None, None, None, None)
         self._result_schema: tuple = (None, None, None)
         self._entry_cells: Dict[str, frozenset] = {}
         self._written: Optional[tuple] = None   # (entry ids, rows) of the commit under way
@@ -951,15 +951,21 @@ class Supertable:
         their deletion vectors, so any change to the rows makes a new one.
         """
         vp = self._vector_props()
-        memo = self._dense_memo    # (the key is the same for every search of a version)
-        if memo[0] is not self._snapshot or memo[1] != len(entries):
+        # The key is the same for every search of a version: kept, tagged with
+        # the snapshot and the entries it was made from (their first and last
+        # objects, held so their ids stay theirs: a refresh racing this search
+        # must not keep another version's).
+        memo = self._dense_memo
+        if memo[0] is not self._snapshot or memo[1] != (len(entries), id(entries[0]),
+                                                        id(entries[-1])):
             mine = [(si, e) for si, e in enumerate(entries) if e.get("cells")]
             rows = sum(int(e.get("rows", 0)) for _, e in mine)
             key = None if not mine or not dense_mod.usable(rows, vp["dim"]) else (
                 "dense", sha, vp["metric"],
                 tuple((e["id"], tuple(self._snapshot.deletes.get(e["id"], ()))) for _, e in mine))
-            memo = self._dense_memo = (self._snapshot, len(entries), mine, key)
-        _, _, mine, key = memo
+            memo = self._dense_memo = (self._snapshot, (len(entries), id(entries[0]),
+                                                        id(entries[-1])), mine, key, entries)
+        mine, key = memo[2], memo[3]
         if key is None:
             return None
         found = self._cache.get(key)
