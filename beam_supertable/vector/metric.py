@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 METRICS = ("l2", "cosine", "dot")
-ARGMIN_MAX_K = 4   # nearest(): up to this k, repeated argmin beats argpartition
+PICK_MAX_K = 4     # nearest(): up to this k, a pass per pick beats argpartition
+_LOWEST = np.float32(np.finfo(np.float32).min)
 BOUND_SLACK = 1e-4  # bisector_bounds(): relative slack for rows assigned in float32
 
 
@@ -46,7 +47,7 @@ def nearest(queries: np.ndarray, points: np.ndarray, metric: str, k: int,
     """Indices of the ``k`` nearest points for each query, nearest first."""
     k = min(k, len(points))
     out = np.empty((len(queries), k), dtype=np.int64)
-    if k <= ARGMIN_MAX_K and k < len(points) or k == 1:
+    if k <= PICK_MAX_K and k < len(points) or k == 1:
         # The nearest point maximizes q·p (- |p|²/2 for l2): one product and
         # a subtraction, then a pass per pick; argpartition on full distances
         # cost ~5x, and the distances themselves (norms, clamp) ~3x the
@@ -56,16 +57,12 @@ def nearest(queries: np.ndarray, points: np.ndarray, metric: str, k: int,
             score = queries[start:start + chunk] @ points.T
             if half is not None:
                 score -= half
+            # Picks are masked with -inf: a score overflowed to -inf by huge
+            # vectors is raised to the lowest float, so a pick never returns.
+            np.maximum(score, _LOWEST, out=score)
             rows = np.arange(len(score))
             for j in range(k):
                 best = score.argmax(axis=1)
-                if j:
-                    # A row left with only -inf (a pick, masked; or a score
-                    # overflowed by huge vectors) would return a pick again.
-                    spent = np.flatnonzero(score[rows, best] == -np.inf)
-                    for r in spent.tolist():
-                        best[r] = np.setdiff1d(np.flatnonzero(score[r] == -np.inf),
-                                               out[start + r, :j])[0]
                 out[start:start + chunk, j] = best
                 if j + 1 < k:
                     score[rows, best] = -np.inf

@@ -76,16 +76,15 @@ def check_probe_args(where: str, nprobe, recall_target) -> None:
             raise ValueError(f"{where}: {exc}") from None
 
 
-def _pool():
-    """The search threads and the BLAS controller: made once per process."""
+def _pool() -> ThreadPoolExecutor:
+    """The search threads: made once per process."""
     global _POOL
     if _POOL is None:
-        blas_controller()
         with _POOL_LOCK:
             if _POOL is None:
                 _POOL = ThreadPoolExecutor(max_workers=SEARCH_THREADS,
                                            thread_name_prefix="supertable-search")
-    return _POOL, _BLAS
+    return _POOL
 
 
 def blas_controller():
@@ -718,7 +717,7 @@ def _search_all(indexes: Sequence[VectorIndex], queries: np.ndarray, probes: np.
         return dist, np.full((n_q, k), -1, np.int64), rows
     everything = slice(None)
     if n_q >= PARALLEL_MIN_QUERIES:
-        pool, _ = _pool()
+        pool = _pool()
         parts = max(1, min(-(-SEARCH_THREADS // len(indexes)), n_q // PARALLEL_MIN_QUERIES))
         bounds = np.linspace(0, n_q, parts + 1).astype(int)
         tasks = [(si, slice(a, b)) for si in range(len(indexes))
