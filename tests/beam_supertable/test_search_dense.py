@@ -225,3 +225,32 @@ def test_a_batch_over_vectors_whose_squares_overflow_float32_answers(tmp_path, n
     for ids in _per_query(got, len(q))[0]:
         assert len(set(ids.tolist())) == len(ids)
         assert set(ids.tolist()) <= set(range(400))
+
+
+def test_a_refreshed_handle_searches_the_new_schema_and_rows(tmp_path):
+    """A handle keeps its result schema and the held table's key per version:
+    after another handle overwrites the table (same column names, another
+    type), a refresh answers with the new schema, empty or not, and the old
+    version still answers as before."""
+    uri = str(tmp_path / "t")
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(300, 8)).astype(np.float32)
+    t = Supertable.create(uri, _data(x).schema, vector_column="emb")
+    v1 = t.append(_data(x))
+    q = x[:4] + 0.01
+    before = t.search(vector=q, k=3)
+    assert before.schema.field("id").type == pa.int64()
+
+    y = rng.normal(size=(200, 8)).astype(np.float32)
+    retyped = pa.table({"id": [f"k{i}" for i in range(200)],
+                        "emb": pa.FixedSizeListArray.from_arrays(pa.array(y.ravel()), 8)})
+    other = Supertable.create(uri, retyped.schema, vector_column="emb", mode="overwrite")
+    empty = t.refresh().search(vector=q, k=3)
+    assert empty.num_rows == 0 and empty.schema.field("id").type == pa.string()
+
+    other.append(retyped)
+    after = t.refresh().search(vector=y[:4] + 0.01, k=3)
+    assert after.schema.field("id").type == pa.string()
+    assert after["id"].to_pylist()[::3] == ["k0", "k1", "k2", "k3"]
+    again = Supertable.open(uri, version=v1).search(vector=q, k=3)
+    assert again.equals(before)
