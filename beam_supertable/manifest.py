@@ -37,11 +37,9 @@ eight at a time (a base-8 counter), so a table of ``n`` superfiles has
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import datetime
 import errno
-import hashlib
 import json
 import logging
 import os
@@ -49,17 +47,23 @@ import random
 import socket
 import time
 import uuid
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import pyarrow as pa
 
-from beam_supertable import ids
-from beam_supertable.digest import combine
 from beam_supertable.errors import (
     AlreadyExists, CommitConflictError, CommitFailedError, CorruptManifestError,
     NotATableError, SchemaMismatchError, StoreIOError, SupertableError, TableExistsError, TokenReuseError,
     VersionNotFoundError)
-from beam_supertable.store import ObjectInfo, ObjectStore
+from beam_supertable.store import ObjectStore
+from beam_supertable._manifest_doc import (  # noqa: F401 - the document format, re-exported
+    FORMAT_VERSION, HINT, META, PARTS, RECENT_TOKENS, TOKENS, VERSION_DIGITS, VERSIONS,
+    CommitRequest, PartRef, Snapshot, _canonical, _entry_ids, _same_rows, commit_fingerprint,
+    schema_from_text, schema_to_text, seal, unseal, version_of, version_path)
+from beam_supertable._manifest_tokens import (  # noqa: F401
+    TokenIndex, _marker_version, token_folder, token_marker_path)
+from beam_supertable._manifest_vacuum import (  # noqa: F401
+    DEFAULT_VACUUM_GRACE_S, Vacuum, VacuumPlan, VacuumReport, grace_seconds)
 
 __all__ = [
     "CommitRequest", "Manifest", "PartRef", "Snapshot", "VacuumPlan", "VacuumReport",
@@ -68,111 +72,21 @@ __all__ = [
 
 _LOG = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-META = "_supertable"
-VERSIONS = f"{META}/versions"
-PARTS = f"{META}/parts"
-TOKENS = f"{META}/tokens"
-HINT = f"{META}/latest.json"
-VERSION_DIGITS = 20
 
 DEFAULT_MAX_RETRIES = 10
 BACKOFF_BASE_S = 0.010
 BACKOFF_CAP_S = 1.0
 BACKOFF_JITTER = 0.30
 PART_FANOUT = 8
-RECENT_TOKENS = 128          # tokens of the latest commits, carried by each version
-DEFAULT_VACUUM_GRACE_S = 6 * 3600
 
 
-def grace_seconds(older_than: Union[float, datetime.timedelta, None]) -> float:
-    """A vacuum grace period in seconds: ``None`` is the default grace, never zero."""
-    if older_than is None:
-        return float(DEFAULT_VACUUM_GRACE_S)
-    if isinstance(older_than, datetime.timedelta):
-        older_than = older_than.total_seconds()
-    if isinstance(older_than, bool) or not isinstance(older_than, (int, float)) or older_than < 0:
-        raise ValueError(
-            f"vacuum: older_than must be seconds >= 0, a timedelta or None, got {older_than!r}")
-    return float(older_than)
 
-
-def version_path(version: int) -> str:
-    return f"{VERSIONS}/{version:0{VERSION_DIGITS}d}.json"
-
-
-def version_of(path: str) -> Optional[int]:
-    """The version number of a ``versions/<N>.json`` path, else None."""
-    if not path.startswith(VERSIONS + "/"):
-        return None
-    name = path.rsplit("/", 1)[-1]
-    return int(name[:-5]) if name.endswith(".json") and name[:-5].isdigit() else None
-
-
-def token_folder(token: str) -> str:
-    """Where the markers of ``token`` live (one folder per token)."""
-    return f"{TOKENS}/{hashlib.sha256(token.encode('utf-8')).hexdigest()}"
-
-
-def token_marker_path(token: str, version: int) -> str:
-    """The marker a commit with ``token`` leaves before it creates ``version``."""
-    return f"{token_folder(token)}/{version:0{VERSION_DIGITS}d}.json"
-
-
-def _marker_version(path: str) -> Optional[int]:
-    name = path.rsplit("/", 1)[-1]
-    return int(name[:-5]) if name.endswith(".json") and name[:-5].isdigit() else None
 
 
 def backoff_seconds(attempt: int, rng: random.Random = random) -> float:
     """10 ms × 2^attempt, at most 1 s, ±30% jitter."""
     base = min(BACKOFF_BASE_S * (2 ** attempt), BACKOFF_CAP_S)
     return base * (1 + rng.uniform(-BACKOFF_JITTER, BACKOFF_JITTER))
-
-
-# Entry fields that say where and under which ids rows were written, not what
-# they are: a rerun writes the same rows under new names and new ids.
-_PLACEMENT_FIELDS = frozenset(
-    {"id", "path", "bytes", "id_min", "id_max", "extra_paths", "digest", "grid", "_grid"})
-
-
-def commit_fingerprint(req: "CommitRequest") -> Dict[str, Any]:
-    """What makes two commits "the same commit" for an idempotency token.
-
-    The operation and the rows the commit adds: their count and their digest
-    (each superfile entry carries the ``digest`` of its rows, see
-    :mod:`beam_supertable.digest`; the digests of a commit add up to that of
-    all its rows, however they were split into superfiles). A rerun that
-    rebuilds the same rows into superfiles with new paths, new ``_id`` s or
-    a different split has the same fingerprint. An entry without a digest
-    counts by its content-derived fields (everything but its name, path,
-    size and ids). Deletion vectors and metadata are not part of it: a
-    rebased mutation may target other superfiles for the same rows.
-
-    Returns:
-        ``{"rows", "superfiles", "sha256"}``; only ``sha256`` is compared,
-        the counts are kept to make a mismatch readable.
-    """
-    rows = sum(int(e["rows"]) for e in req.add_entries)
-    digests = [e["digest"] for e in req.add_entries if isinstance(e.get("digest"), str)]
-    others = sorted(_canonical({k: v for k, v in e.items() if k not in _PLACEMENT_FIELDS}).decode()
-                    for e in req.add_entries if not isinstance(e.get("digest"), str))
-    body = {"operation": req.operation, "rows": rows, "digest": combine(digests),
-            "entries": others}
-    if req.fingerprint_extra:
-        body["extra"] = req.fingerprint_extra   # what a mutation selects, e.g. a delete's filter
-    return {"rows": rows, "superfiles": len(req.add_entries),
-            "sha256": hashlib.sha256(_canonical(body)).hexdigest()}
-
-
-def _entry_ids(req: CommitRequest) -> List[str]:
-    return [e["id"] for e in req.add_entries]
-
-
-def _same_rows(a: CommitRequest, b: CommitRequest) -> bool:
-    """Whether two requests add the same rows, however their superfiles are built."""
-    rows = [commit_fingerprint(CommitRequest(add_entries=r.add_entries))["sha256"] for r in (a, b)]
-    return rows[0] == rows[1]
 
 
 # errno values of failures a retry cannot fix.
@@ -211,193 +125,14 @@ def _with_context(exc: BaseException, context: str) -> Optional[BaseException]:
     return type(exc)(f"{context}: {exc}")
 
 
-def _canonical(doc: Dict[str, Any]) -> bytes:
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
-
-def seal(doc: Dict[str, Any]) -> bytes:
-    """Serializes a document with the hash of its own canonical form."""
-    body = {k: v for k, v in doc.items() if k != "hash"}
-    digest = hashlib.sha256(_canonical(body)).hexdigest()
-    return _canonical({**body, "hash": digest})
-
-
-def unseal(data: bytes, where: str) -> Dict[str, Any]:
-    """Parses and checks a sealed document; raises CorruptManifestError naming it."""
-    try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CorruptManifestError(f"{where}: not valid JSON ({exc})") from exc
-    if not isinstance(doc, dict) or "hash" not in doc:
-        raise CorruptManifestError(f"{where}: no hash field; not a supertable document")
-    body = {k: v for k, v in doc.items() if k != "hash"}
-    digest = hashlib.sha256(_canonical(body)).hexdigest()
-    if digest != doc["hash"]:
-        raise CorruptManifestError(
-            f"{where}: content hash {digest[:16]}… does not match the recorded "
-            f"{str(doc['hash'])[:16]}…; the object is corrupt or truncated")
-    if body.get("format_version", 0) > FORMAT_VERSION:
-        raise CorruptManifestError(
-            f"{where}: format version {body['format_version']} is newer than this "
-            f"library reads ({FORMAT_VERSION}); upgrade beam_supertable")
-    return body
-
-
-def schema_to_text(schema: pa.Schema) -> str:
-    return base64.b64encode(schema.serialize().to_pybytes()).decode()
-
-
-def schema_from_text(text: str) -> pa.Schema:
-    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
-
-
-@dataclasses.dataclass(frozen=True)
-class PartRef:
-    """A manifest part referenced by a version."""
-
-    path: str
-    count: int      # superfile entries in the part
-    rows: int
-    level: int      # merges it went through (base-8 counter digit)
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-@dataclasses.dataclass(frozen=True)
-class CommitRequest:
-    """What one commit changes, re-applied on a fresh base after a lost race.
-
-    Args:
-        operation: a word for history (``"append"``, ``"delete"``, ...).
-        add_entries: superfile entries (JSON-able dicts with at least ``id``,
-            ``path`` and ``rows``).
-        add_deletes: ``{superfile_id: deletion_vector_path}`` to add.
-        set_properties: table properties this commit stamps. A property the
-            base already holds with a different value is a conflict (e.g. two
-            writers training different grids), unless listed in
-            ``replace_properties``.
-        replace_properties: property names this commit may overwrite.
-        schema: a new table schema; needs ``allow_schema_change``.
-        token: idempotency token; a commit whose token already landed with
-            the same fingerprint (``commit_fingerprint``) returns that version
-            instead of committing again; with another one it raises
-            TokenReuseError.
-        metadata: user metadata kept in the commit info (e.g. a frontier).
-        base_version: the version the writer read; tokens are also searched
-            back to it (beyond the recent-token window) when given.
-        deleted_rows: rows the new deletion vectors remove (kept in the totals).
-        expected_deletes: per superfile gaining a deletion vector, how many it
-            had when the writer read it; a concurrent delete is a conflict.
-        remove_entries: ids of superfiles the new version no longer holds (a
-            rewrite such as ``optimize``); they and their deletion vectors
-            leave the version. One that is not in the base is a conflict.
-            ``deleted_rows`` should then subtract the deleted rows they held.
-    """
-
-    operation: str = "append"
-    add_entries: Tuple[dict, ...] = ()
-    add_deletes: Dict[str, str] = dataclasses.field(default_factory=dict)
-    set_properties: Dict[str, Any] = dataclasses.field(default_factory=dict)
-    replace_properties: Tuple[str, ...] = ()
-    schema: Optional[pa.Schema] = None
-    allow_schema_change: bool = False
-    token: Optional[str] = None
-    metadata: Dict[str, Any] = dataclasses.field(default_factory=dict)
-    base_version: Optional[int] = None
-    deleted_rows: int = 0
-    expected_deletes: Dict[str, int] = dataclasses.field(default_factory=dict)
-    reset: bool = False   # the new version starts empty: ``schema`` and ``set_properties`` only
-    fingerprint_extra: str = ""   # what else names this commit for its token (a delete's filter)
-    remove_entries: Tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        for entry in self.add_entries:
-            missing = [f for f in ("id", "path", "rows") if f not in entry]
-            if missing:
-                raise ValueError(f"CommitRequest: entry {entry!r} lacks {missing}")
-        try:
-            _canonical({"m": self.metadata, "p": self.set_properties})
-        except (TypeError, ValueError) as exc:
-            raise TypeError(
-                f"CommitRequest: metadata and properties must be JSON data: {exc}") from exc
-
-
-@dataclasses.dataclass(frozen=True)
-class Snapshot:
-    """One table version as read: snapshot isolation for a reader."""
-
-    version: int
-    schema: pa.Schema
-    properties: Dict[str, Any]
-    parts: Tuple[PartRef, ...]
-    deletes: Dict[str, List[str]]
-    totals: Dict[str, int]
-    commit: Dict[str, Any]
-    recent_tokens: Tuple[str, ...]
-    manifest: "Manifest" = dataclasses.field(repr=False, compare=False)
-    # True when a commit returned this version because its token had
-    # already landed here with the same fingerprint: it committed nothing.
-    deduplicated: bool = dataclasses.field(default=False, compare=False)
-
-    def entries(self) -> List[dict]:
-        """Every superfile entry of this version (reads the parts, cached)."""
-        out: List[dict] = []
-        for part in self.parts:
-            out.extend(self.manifest.read_part(part.path))
-        return out
-
-
-@dataclasses.dataclass(frozen=True)
-class VacuumReport:
-    """What ``vacuum`` removed and kept."""
-
-    removed_versions: Tuple[int, ...]
-    removed_objects: Tuple[str, ...]
-    removed_bytes: int
-    retained_versions: Tuple[int, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class VacuumPlan:
-    """What a vacuum would do at one moment (``Manifest.plan_vacuum``).
-
-    Attributes:
-        removed_versions: versions it would delete.
-        removed_objects: objects it would delete (versions included), by path.
-        retained_versions: versions it keeps (the newest ``retain_versions``
-            and any younger than the grace period).
-        waiting_objects: objects no kept version references that the grace
-            period still protects (a commit in flight, or an orphan that is
-            reclaimable later).
-        grace_s: the grace period applied, in seconds.
-    """
-
-    removed_versions: Tuple[int, ...]
-    removed_objects: Tuple[ObjectInfo, ...]
-    retained_versions: Tuple[int, ...]
-    waiting_objects: Tuple[ObjectInfo, ...]
-    grace_s: float
-
-    @property
-    def removed_bytes(self) -> int:
-        return sum(i.size for i in self.removed_objects)
-
-    @property
-    def waiting_bytes(self) -> int:
-        return sum(i.size for i in self.waiting_objects)
-
-    def report(self) -> VacuumReport:
-        """The plan as what ``vacuum`` returns."""
-        return VacuumReport(self.removed_versions, tuple(i.path for i in self.removed_objects),
-                            self.removed_bytes, self.retained_versions)
 
 
 def _writer_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-class Manifest:
+class Manifest(TokenIndex, Vacuum):
     """Reads versions and commits new ones for the table at ``store``'s root."""
 
     def __init__(self, store: ObjectStore) -> None:
@@ -538,76 +273,6 @@ class Manifest:
             _LOG.warning("%s: could not update the latest-version hint to %d: %s",
                          self.store.uri, version, exc)
 
-    def _find_token(self, token: str, base: Snapshot, since: Optional[int]) -> Optional[Snapshot]:
-        if token in base.recent_tokens:
-            # The recent window says it landed at or before base; find which.
-            version = base.version
-            while version >= 0:
-                doc = self._try_version(version)
-                if doc is None:
-                    break
-                if doc.get("commit", {}).get("token") == token:
-                    return self._snapshot(doc)
-                version -= 1
-            # Its version was vacuumed: what it committed cannot be checked
-            # against this commit, so neither skipping nor committing is safe.
-            raise TokenReuseError(
-                f"{self.store.uri}: token {token!r} landed in a version that has since been "
-                f"vacuumed (the oldest retained is after {version}), so this commit on "
-                f"version {base.version} cannot be checked against it; use a fresh token",
-                token=token, landed_version=None, base_version=base.version)
-        if since is not None and since <= base.version - RECENT_TOKENS:
-            # ``since`` itself may hold the token (a handle standing on its own commit).
-            for version in range(base.version - RECENT_TOKENS, since - 1, -1):
-                doc = self._try_version(version)
-                if doc is not None and doc.get("commit", {}).get("token") == token:
-                    return self._snapshot(doc)
-        return self._find_token_marker(token, base)
-
-    def _find_token_marker(self, token: str, base: Snapshot) -> Optional[Snapshot]:
-        """The version at or below ``base`` holding ``token``, by its markers.
-
-        One listing of the token's folder plus one read per version a commit
-        with the token tried (normally none or one): the cost does not grow
-        with the table's history. A marker above ``base`` belongs to an
-        attempt this base cannot show yet; the next round's base will.
-        """
-        markers = []
-        for info in self.store.list(token_folder(token)):
-            version = _marker_version(info.path)
-            if version is not None and version <= base.version:
-                markers.append((version, info.path))
-        for version, path in sorted(markers, reverse=True):
-            doc = self._try_version(version)
-            if doc is None:
-                raise TokenReuseError(
-                    f"{self.store.uri}: a commit with token {token!r} tried version {version}, "
-                    f"which has since been vacuumed, so whether the token landed there "
-                    f"cannot be told and this commit on version {base.version} cannot be "
-                    f"checked against it; use a fresh token",
-                    token=token, landed_version=None, base_version=base.version)
-            if doc.get("commit", {}).get("token") == token:
-                return self._snapshot(doc)
-            # Another commit holds that version: the marker's attempt lost its
-            # race for good (versions are immutable), so it can go.
-            self._drop_marker(path)
-        return None
-
-    def _mark_token(self, token: str, version: int) -> None:
-        """Leaves the token's marker for ``version`` (before creating it)."""
-        try:
-            self.store.put_if_absent(token_marker_path(token, version), json.dumps(
-                {"token": token, "version": version}, sort_keys=True).encode())
-        except AlreadyExists:
-            pass  # the same token tried this version before (a retry): one marker does
-
-    def _drop_marker(self, path: str) -> None:
-        # Best effort: a stale marker costs a read of its version, never correctness.
-        try:
-            self.store.delete(path)
-        except Exception as exc:  # noqa: BLE001 - the marker is only a hint
-            _LOG.info("%s: could not remove stale token marker %s: %s",
-                      self.store.uri, path, exc)
 
     def _rebase(self, base: Snapshot, req: CommitRequest,
                 own_part: Optional[PartRef]) -> Dict[str, Any]:
@@ -909,141 +574,3 @@ class Manifest:
             _LOG.info("%s: reload failed (%s); loading afresh", self.store.uri, exc)
             return None
 
-    # -- maintenance -----------------------------------------------------
-    def referenced(self, snapshot: Snapshot) -> set:
-        """Every object path a version needs."""
-        refs = {version_path(snapshot.version)}
-        for part in snapshot.parts:
-            refs.add(part.path)
-            for entry in self.read_part(part.path):
-                refs.add(entry["path"])
-                refs.update(entry.get("extra_paths", ()))
-        for paths in snapshot.deletes.values():
-            refs.update(paths)
-        for value in snapshot.properties.values():
-            if isinstance(value, dict) and isinstance(value.get("path"), str):
-                refs.add(value["path"])
-        return refs
-
-    def plan_vacuum(self, *, retain_versions: int = 10,
-                    older_than: Union[float, datetime.timedelta, None] = None,
-                    objects: Optional[Sequence[ObjectInfo]] = None,
-                    now: Optional[float] = None) -> "VacuumPlan":
-        """What ``vacuum`` would delete now, without deleting or writing anything.
-
-        Reads the version documents and manifest parts of the versions it
-        keeps and lists the table; never reads superfile data.
-
-        Args:
-            retain_versions: the newest versions kept (at least 1).
-            older_than: grace period, as for ``vacuum``.
-            objects: the table's listing (``store.list("")``), when the caller
-                already has one; listed here otherwise.
-            now: the time objects' ages are measured at (default: now).
-
-        Returns:
-            The plan: versions and objects to remove, versions kept, and the
-            unreferenced objects the grace period still protects.
-        """
-        if isinstance(retain_versions, bool) or not isinstance(retain_versions, int) \
-                or retain_versions < 1:
-            raise ValueError(
-                f"vacuum: retain_versions must be an int >= 1, got {retain_versions!r}")
-        grace = grace_seconds(older_than)
-        latest = self.latest_version()
-        now = time.time() if now is None else now
-        objects = self.store.list("") if objects is None else objects
-        version_infos = {version_of(i.path): i for i in objects if version_of(i.path) is not None}
-        ordered = sorted(v for v in version_infos if v <= latest)
-        keep = set(ordered[-retain_versions:])
-        for v in ordered:
-            mtime = version_infos[v].mtime
-            if mtime is None or now - mtime < grace:
-                keep.add(v)
-        keep.update(v for v in version_infos if v > latest)
-        referenced = {HINT}
-        for v in sorted(keep):
-            doc = self._try_version(v)
-            if doc is not None:
-                referenced |= self.referenced(self._snapshot(doc))
-        removed: List[ObjectInfo] = []
-        waiting: List[ObjectInfo] = []
-        removed_versions = []
-        for info in objects:
-            path = info.path
-            if path in referenced or path.startswith((ids.CLAIMS + "/", TOKENS + "/")):
-                # Id claims are kept forever (their ids may be in use), token
-                # markers too (a rerun of a vacuumed commit is refused by them).
-                continue
-            if path.startswith(VERSIONS + "/"):
-                version = version_of(path)
-                if version is None:
-                    continue
-            elif not (path.startswith(("data/", "deletes/", f"{META}/")) or
-                      path.rsplit("/", 1)[-1].startswith(".tmp-")):
-                continue  # not ours: leave objects we did not write alone
-            else:
-                version = None
-            if info.mtime is None or now - info.mtime < grace:
-                waiting.append(info)
-                continue
-            if version is not None:
-                removed_versions.append(version)
-            removed.append(info)
-        removed += self._stale_markers(objects, removed_versions)
-        return VacuumPlan(tuple(sorted(removed_versions)),
-                          tuple(sorted(removed, key=lambda i: i.path)),
-                          tuple(sorted(keep)), tuple(sorted(waiting, key=lambda i: i.path)),
-                          grace)
-
-    def _stale_markers(self, objects: Sequence[ObjectInfo],
-                       removed_versions: Sequence[int]) -> List[ObjectInfo]:
-        """Token markers of versions about to go that another token's commit holds.
-
-        Such a marker's attempt lost its race; once its version is gone
-        nothing could tell so, and the token would be refused for good. One
-        read per removed version that markers name (normally none).
-        """
-        going = set(removed_versions)
-        named: Dict[int, List[ObjectInfo]] = {}
-        for info in objects:
-            if info.path.startswith(TOKENS + "/"):
-                version = _marker_version(info.path)
-                if version in going:
-                    named.setdefault(version, []).append(info)
-        stale = []
-        for version, markers in named.items():
-            doc = self._try_version(version)
-            if doc is None:
-                continue  # already gone: whether a marker landed cannot be told
-            token = doc.get("commit", {}).get("token")
-            held = token_folder(token) + "/" if token is not None else None
-            stale += [m for m in markers if held is None or not m.path.startswith(held)]
-        return stale
-
-    def vacuum(self, *, retain_versions: int = 10,
-               older_than: Union[float, datetime.timedelta, None] = None,
-               dry_run: bool = False) -> VacuumReport:
-        """Deletes what no retained version references, once past the grace period.
-
-        Args:
-            retain_versions: the newest versions kept (at least 1).
-            older_than: grace period in seconds (or a ``timedelta``): objects
-                and versions younger than this are kept whatever references
-                them, so a commit in flight never loses its files. ``None``
-                (the default) means ``DEFAULT_VACUUM_GRACE_S`` (6 hours); ``0``
-                means no grace.
-            dry_run: report without deleting (``plan_vacuum`` says more).
-        """
-        plan = self.plan_vacuum(retain_versions=retain_versions, older_than=older_than)
-        self.store.check_writable()
-        if not dry_run:
-            # Versions first (oldest first), then what only they referenced: a
-            # vacuum cut short leaves orphans, never a listed version whose
-            # parts or data are gone. Kept versions reference nothing removed.
-            # Stale token markers go before the versions that show them stale.
-            for info in sorted(plan.removed_objects,
-                               key=lambda i: (not i.path.startswith(TOKENS),
-                                              not i.path.startswith(VERSIONS), i.path)):
-                self.store.delete(info.path)
-        return plan.report()

@@ -22,7 +22,7 @@ from beam_supertable.keys import KeyBatch, check_primary_key
 from beam_supertable.manifest import (
     DEFAULT_MAX_RETRIES, CommitRequest, Manifest, Snapshot, VacuumReport, grace_seconds)
 from beam_supertable.cache import DEFAULT_CACHE_BYTES, ByteCache
-from beam_supertable.filters import mask, may_match, pruned
+from beam_supertable.filters import mask, pruned
 from beam_supertable.fts import index as fts_index
 from beam_supertable.mutation import FRONTIER, Mutation, check_frontier
 from beam_supertable.fts import search as text_search

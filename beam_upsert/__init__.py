@@ -4,11 +4,18 @@ See :class:`Upsert` for the row API and :class:`UpsertBatches` for the
 columnar path over Arrow record batches.
 """
 
-# One version for the distribution; it is written in beam_supertable/_version.py.
-from beam_supertable._version import __version__
+from importlib import metadata as _metadata
+
 from beam_upsert.columnar import UpsertBatches, UpsertTableResult, batches_to_changes, upsert_table
 from beam_upsert.model import Change, Invalid, UpsertCommand, UpsertError
 from beam_upsert.transform import Upsert, UpsertResult
+
+try:
+    # The distribution's version; read from its metadata so this package
+    # imports nothing from beam_supertable, which ships beside it.
+    __version__ = _metadata.version("beam-upsert-supertable")
+except _metadata.PackageNotFoundError:   # run from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "__version__",
