@@ -160,7 +160,9 @@ class TableWrites:
         """
         if mutation is None:
             mutation = Mutation(self, "append", base_version=self.version)
-        agreement = GridAgreement(self, entries, grids)
+        agreement = GridAgreement(
+            self._store, self.layout(),
+            lambda entry: self.read_superfile(entry, self.schema.names), entries, grids)
 
         def rebuild(base: Snapshot) -> Optional[CommitRequest]:
             stamp, ready = agreement.on(base)

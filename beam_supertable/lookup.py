@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from beam_supertable.errors import SchemaMismatchError
 from beam_supertable.keys import KeyBatch, read_key_section
-from beam_supertable.table import Supertable
+from beam_supertable._handle import TableHandle
 
 __all__ = ["KeyLookup"]
 
@@ -29,7 +29,7 @@ class KeyLookup:
         table: a handle on the version to read (a keyed table).
     """
 
-    def __init__(self, table: Supertable) -> None:
+    def __init__(self, table: TableHandle) -> None:
         if not table.primary_key:
             raise SchemaMismatchError(f"{table.uri}: a key lookup needs a keyed table")
         self._table = table
@@ -38,7 +38,7 @@ class KeyLookup:
         self._keys: Dict[str, pa.Table] = {}
 
     @property
-    def table(self) -> Supertable:
+    def table(self) -> TableHandle:
         return self._table
 
     def _key_columns(self, entry: dict) -> pa.Table:

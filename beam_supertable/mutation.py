@@ -31,20 +31,19 @@ not rule out.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from beam_supertable import deletes as dv
+from beam_supertable._handle import TableHandle
 from beam_supertable.errors import DuplicateKeyError, FrontierError
 from beam_supertable.filters import mask, may_match
 from beam_supertable.keys import KeyBatch, read_key_section
 from beam_supertable.manifest import CommitRequest, Snapshot
 
-if TYPE_CHECKING:
-    from beam_supertable.table import Supertable
 
 __all__ = ["FRONTIER", "Mutation", "check_frontier"]
 
@@ -76,7 +75,7 @@ class Mutation:
         token, metadata, base_version: as in ``CommitRequest``.
     """
 
-    def __init__(self, table: "Supertable", operation: str, *,
+    def __init__(self, table: TableHandle, operation: str, *,
                  keys: Optional[KeyBatch] = None, refuse_live: bool = False,
                  filter: Optional[pc.Expression] = None,  # noqa: A002
                  frontier: Optional[int] = None, token: Optional[str] = None,

@@ -51,13 +51,14 @@ import logging
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence,
+from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence,
                     Tuple, Union)
 
 import numpy as np
 import pyarrow as pa
 
 from beam_supertable import deletes as dv
+from beam_supertable._handle import TableHandle
 from beam_supertable.errors import CommitConflictError, CommitFailedError
 from beam_supertable.manifest import CommitRequest, Snapshot
 from beam_supertable.reader import SuperfileReader
@@ -67,8 +68,6 @@ from beam_supertable.vector import grid as grid_mod
 from beam_supertable.vector.metric import nearest, prepare
 from beam_supertable.writer import TARGET_SUPERFILE_BYTES, build_and_upload
 
-if TYPE_CHECKING:
-    from beam_supertable.table import Supertable
 
 __all__ = [
     "DEFAULT_TARGET_FILE_BYTES", "MIN_CELL_ROWS", "OptimizeGroup", "OptimizePlan",
@@ -223,24 +222,24 @@ def _check_positive(name: str, value, allow_none: bool = True) -> None:
                          f"got {value!r}")
 
 
-def _reader(table: "Supertable", entry: dict) -> SuperfileReader:
+def _reader(table: TableHandle, entry: dict) -> SuperfileReader:
     return table._reader(entry)   # opened once per handle (kept in its cache)
 
 
-def _cell_dir(table: "Supertable", entry: dict) -> List[Tuple[int, int, int]]:
+def _cell_dir(table: TableHandle, entry: dict) -> List[Tuple[int, int, int]]:
     """``[(cell, first row, rows)]`` of a superfile, from its footer."""
     return [(int(c), int(s), int(n)) for c, s, n, *_ in
             _reader(table, entry).header["vector"]["cells"]]
 
 
-def _deleted(table: "Supertable", paths: Sequence[str]) -> np.ndarray:
+def _deleted(table: TableHandle, paths: Sequence[str]) -> np.ndarray:
     if not paths:
         return np.zeros(0, np.int64)
     return np.unique(np.concatenate(
         [dv.decode(table.store.get(p), f"{table.uri}/{p}") for p in paths]))
 
 
-def plan_optimize(table: "Supertable", *, target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES,
+def plan_optimize(table: TableHandle, *, target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES,
                   max_cell_rows: Optional[int] = None,
                   max_rewrite_bytes: Optional[int] = None) -> OptimizePlan:
     """Plans an optimize of ``table``'s version (writes nothing).
@@ -357,7 +356,7 @@ def plan_optimize(table: "Supertable", *, target_file_bytes: int = DEFAULT_TARGE
         sources=sources, grid=stamp, new_grid=new_grid, centroids=centroids)
 
 
-def _entry_cells(table: "Supertable", entry: dict) -> List[Tuple[int, int, int]]:
+def _entry_cells(table: TableHandle, entry: dict) -> List[Tuple[int, int, int]]:
     """``[(cell, first row, rows)]``: from the manifest entry when it carries
     ``cell_rows``, else from the superfile's footer."""
     if "cell_rows" in entry:
@@ -416,7 +415,7 @@ def _groups(sources: Sequence[Source], cell_dirs, deleted, stamp,
     return tuple(groups)
 
 
-def _cell_vectors(table: "Supertable", cell: int, holders: Sequence[dict], cell_dirs,
+def _cell_vectors(table: TableHandle, cell: int, holders: Sequence[dict], cell_dirs,
                   deleted) -> np.ndarray:
     """The live rows of ``cell`` in ``holders``: their SQ8 codes, decoded (prepared)."""
     parts = []
@@ -433,7 +432,7 @@ def _cell_vectors(table: "Supertable", cell: int, holders: Sequence[dict], cell_
     return np.concatenate(parts) if parts else np.zeros((0, dim), np.float32)
 
 
-def _split(table: "Supertable", stamp: dict, splits: Sequence[Tuple[int, np.ndarray]]
+def _split(table: TableHandle, stamp: dict, splits: Sequence[Tuple[int, np.ndarray]]
            ) -> Tuple[dict, np.ndarray, int]:
     """The grid after the splits ``[(cell, sub-centroids)]``: the first
     sub-centroid takes the cell's id, the others are appended. Returns (the
@@ -491,7 +490,7 @@ def _split_cell(x: np.ndarray, cap: int, metric: str) -> np.ndarray:
 
 
 # -- rewriting -----------------------------------------------------------------
-def rewrite_group(table: "Supertable", plan: OptimizePlan, group: OptimizeGroup) -> List[dict]:
+def rewrite_group(table: TableHandle, plan: OptimizePlan, group: OptimizeGroup) -> List[dict]:
     """Writes one group's live rows as new superfiles; returns their entries.
 
     A function of the plan and the group only (the handle gives the store and
@@ -552,7 +551,7 @@ def rewrite_group(table: "Supertable", plan: OptimizePlan, group: OptimizeGroup)
                          None if replicas is None else replicas[order], grid_id, layout)
 
 
-def _centroids(table: "Supertable", plan: OptimizePlan) -> np.ndarray:
+def _centroids(table: TableHandle, plan: OptimizePlan) -> np.ndarray:
     """The centroids of the grid the rewritten rows are written against."""
     if plan.centroids is not None:
         return plan.centroids
@@ -605,7 +604,7 @@ class _Carry:
     """Deletes that landed on rewritten superfiles after the plan: carried to
     the new superfiles by ``_id`` (the ``rebuild`` of the optimize commit)."""
 
-    def __init__(self, table: "Supertable", plan: OptimizePlan, entries: Sequence[dict],
+    def __init__(self, table: TableHandle, plan: OptimizePlan, entries: Sequence[dict],
                  request: CommitRequest) -> None:
         self._table, self._plan, self._entries, self._req = table, plan, entries, request
         self._new_ids: Optional[List[np.ndarray]] = None
@@ -655,7 +654,7 @@ class _Carry:
         return self._vectors[key]
 
 
-def commit_optimize(table: "Supertable", plan: OptimizePlan, entries: Sequence[dict], *,
+def commit_optimize(table: TableHandle, plan: OptimizePlan, entries: Sequence[dict], *,
                     token: Optional[str] = None, max_retries: Optional[int] = None) -> int:
     """Commits the rewrite once: removes the plan's superfiles, adds ``entries``.
 
@@ -694,7 +693,7 @@ def commit_optimize(table: "Supertable", plan: OptimizePlan, entries: Sequence[d
     return table.commit(request, rebuild=carry.request, **kwargs)
 
 
-def optimize(table: "Supertable", *, target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES,
+def optimize(table: TableHandle, *, target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES,
              max_cell_rows: Optional[int] = None, max_rewrite_bytes: Optional[int] = None,
              dry_run: bool = False, progress: Optional[Callable[[int, int], None]] = None,
              token: Optional[str] = None) -> Union[int, None, OptimizePlan]:

@@ -15,12 +15,13 @@ import os
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
 
 from beam_supertable import superfile
+from beam_supertable._manifest_doc import Snapshot
 from beam_supertable.digest import row_digest
 from beam_supertable.filters import column_stats, null_counts
 from beam_supertable.ids import new_ids
@@ -30,9 +31,6 @@ from beam_supertable.store import ObjectStore
 from beam_supertable.superfile import VectorSpec
 from beam_supertable.vector import grid as grid_mod
 
-if TYPE_CHECKING:
-    from beam_supertable.manifest import Snapshot
-    from beam_supertable.table import Supertable
 
 _LOG = logging.getLogger(__name__)
 
@@ -147,15 +145,21 @@ class GridAgreement:
     Rebuilt entries are kept per grid: a retry rebuilds nothing twice.
 
     Args:
-        table: the handle committing (reads the superfiles to rebuild).
+        store: the table's store (superfiles are uploaded there).
+        layout: the table's layout.
+        read_rows: an entry's rows, ``_id`` and every user column (the
+            committing handle's reader, so rebuilding shares its cache).
         entries: the uploaded, uncommitted superfiles' entries.
         grids: stamps of grids the entries may be built against that the
             table may not hold yet.
     """
 
-    def __init__(self, table: "Supertable", entries: Sequence[dict],
+    def __init__(self, store: ObjectStore, layout: Layout,
+                 read_rows: Callable[[dict], pa.Table], entries: Sequence[dict],
                  grids: Iterable[dict] = ()) -> None:
-        self._table = table
+        self._store = store
+        self._layout = layout
+        self._read_rows = read_rows
         self._entries = tuple(entries)
         self._grids = {g["sha256"]: g for g in grids}
         self._ready: Dict[str, Tuple[dict, ...]] = {}
@@ -177,8 +181,8 @@ class GridAgreement:
             centroids = None
             if stale:
                 _LOG.info("%s: %d superfile(s) built on another grid than %s; rebuilding them "
-                          "on it", self._table.uri, len(stale), target["sha256"][:12])
-                centroids = grid_mod.from_bytes(self._table.store.get(target["path"]))
+                          "on it", self._store.uri, len(stale), target["sha256"][:12])
+                centroids = grid_mod.from_bytes(self._store.get(target["path"]))
             ready = self._ready[target["sha256"]] = tuple(
                 self._rebuild(e, centroids, target["sha256"]) if e["id"] in stale else e
                 for e in self._entries)
@@ -186,10 +190,8 @@ class GridAgreement:
 
     def _rebuild(self, entry: dict, centroids: np.ndarray, grid_id: str) -> dict:
         """The same rows (same ``_id`` s) rebuilt into a superfile on another grid."""
-        table = self._table
-        rows = table.read_superfile(entry, table.schema.names)
+        rows = self._read_rows(entry)
         user = rows.drop_columns([ID])
-        layout = table.layout()
-        cells, replicas = assign_cells(user, layout, centroids)
-        return build_and_upload(table.store, user, layout, cells, replicas, grid_id,
+        cells, replicas = assign_cells(user, self._layout, centroids)
+        return build_and_upload(self._store, user, self._layout, cells, replicas, grid_id,
                                 ids=rows.column(ID).to_numpy())
