@@ -14,6 +14,7 @@ from beam_supertable.cache import ByteCache
 from beam_supertable.fts.index import TextIndex
 from beam_supertable.store import ObjectStore
 from beam_supertable.superfile import INDEX_KEY, read_header
+from beam_supertable.vector.index import VectorIndex
 
 
 class IOStats:
@@ -141,7 +142,6 @@ class SuperfileReader:
 
     def vector_index(self):
         if self._vector_index is None:
-            from beam_supertable.vector.search import VectorIndex
             self._vector_index = VectorIndex(self)
         return self._vector_index
 

@@ -52,7 +52,7 @@ import pyarrow.parquet as pq
 from beam_supertable.fts import index as fts_index
 from beam_supertable.keys import key_section
 from beam_supertable.vector import codes
-from beam_supertable.vector.metric import prepare
+from beam_supertable.vector.metric import prepare, vectors_of  # noqa: F401 - re-exported
 
 INDEX_KEY = b"supertable.index"
 FORMAT = 1
@@ -66,12 +66,6 @@ class VectorSpec:
     column: str
     metric: str
     dim: int
-
-
-def vectors_of(table: pa.Table, column: str, dim: int) -> np.ndarray:
-    col = table.column(column).combine_chunks()
-    flat = col.flatten().to_numpy(zero_copy_only=False)
-    return np.asarray(flat, dtype=np.float32).reshape(len(col), dim)
 
 
 def _fine_ivf(x: np.ndarray, encoded_row_bytes: int, seed: int = 0

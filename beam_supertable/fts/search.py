@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
 from beam_supertable.fts import index as fts_index
 from beam_supertable.fts.tokenize import contains_phrase, parse_query, tokenize_many
 
-if TYPE_CHECKING:
-    from beam_supertable.reader import SuperfileReader
+
+
+class TextSource(Protocol):
+    """What text search reads a superfile through (``reader.SuperfileReader`` is one)."""
+
+    def text_index(self) -> fts_index.TextIndex: ...
+
+    def take(self, rows: np.ndarray, columns: Sequence[str]) -> Any: ...
 
 RRF_K = 60
 CHECK_BATCH_MIN = 64   # rows checked (phrases, filter) at a time at first, per superfile
@@ -27,7 +33,7 @@ def rrf(rankings: Sequence[Sequence[Tuple[int, int]]], k: int) -> List[Tuple[flo
 
 def text_candidates(entries: Sequence[dict], collection: Sequence[dict], query: str, k: int,
                     fts_columns: Sequence[str], stop_words,
-                    reader_of: Callable[[dict], SuperfileReader],
+                    reader_of: Callable[[dict], TextSource],
                     bloom_of: Callable[[dict], bytes],
                     allowed: Optional[Callable[[int, np.ndarray], np.ndarray]] = None,
                     deleted_of: Optional[Callable[[dict], Tuple[np.ndarray, int]]] = None,

@@ -35,8 +35,7 @@ from typing import Sequence, Tuple
 
 import numpy as np
 
-from beam_supertable.superfile import vectors_of
-from beam_supertable.vector.metric import prepare
+from beam_supertable.vector.metric import prepare, vectors_of
 
 DENSE_MAX_BYTES = 8 << 20       # tables whose fp32 vectors (and a norm) fit this are held whole
 #                                 (the index holds them twice: rows, and scoring columns)

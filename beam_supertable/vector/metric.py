@@ -117,3 +117,10 @@ def bisector_bounds(queries: np.ndarray, centroids: np.ndarray, cells: np.ndarra
         b[:, 0] = -np.inf
         out[start:start + step] = b
     return out
+
+
+def vectors_of(table, column: str, dim: int) -> np.ndarray:
+    """A ``fixed_size_list<float>`` column of an Arrow table as ``[rows, dim]`` float32."""
+    col = table.column(column).combine_chunks()
+    flat = col.flatten().to_numpy(zero_copy_only=False)
+    return np.asarray(flat, dtype=np.float32).reshape(len(col), dim)
