@@ -20,7 +20,7 @@ from apache_beam.metrics.metric import MetricsFilter
 
 from beam_supertable import (
     ReadFromSupertable, SchemaMismatchError, Supertable, TokenReuseError, WriteToSupertable)
-from beam_supertable.transforms import FAIL_FIRST_ENV
+from beam_supertable.testing import FailFirstAttempt
 
 D = 16
 SCHEMA = pa.schema([("n", pa.int64()), ("body", pa.string()), ("emb", pa.list_(pa.float32(), D))])
@@ -114,17 +114,17 @@ def test_multi_process_direct_runner_gives_the_same_table(tmp_path):
     assert sorted(t.to_arrow(columns=["n"])["n"].to_pylist()) == list(range(8000))
 
 
-def test_exactly_once_when_build_and_commit_fail_once(tmp_path, monkeypatch):
+def test_exactly_once_when_build_and_commit_fail_once(tmp_path):
     uri = str(tmp_path / "t")
     markers = tmp_path / "markers"
     markers.mkdir()
-    monkeypatch.setenv(FAIL_FIRST_ENV, f"{markers}:build,commit")
+    hook = FailFirstAttempt(markers, ("build", "commit"))
     job = "load-2026-12-02"
     attempts = 0
     while True:  # the orchestrator reruns the same job until it succeeds
         attempts += 1
         try:
-            _write(uri, _elements(4000), job_id=job, n_shards=2)
+            _write(uri, _elements(4000), job_id=job, n_shards=2, on_stage=hook)
             break
         except Exception as exc:  # noqa: BLE001 - the injected failures
             assert "injected failure" in str(exc)

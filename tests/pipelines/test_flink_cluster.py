@@ -14,7 +14,7 @@ from apache_beam.transforms.userstate import TimerSpec, on_timer
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_supertable import ReadFromSupertable, Supertable, WriteToSupertable
-from beam_supertable.transforms import FAIL_FIRST_ENV
+from beam_supertable.testing import FailFirstAttempt
 from beam_upsert import Upsert
 from pipelines import flink, upsert_changes
 from tests.beam_upsert.helpers import _Stamp, _WithTime, timestamped
@@ -53,20 +53,20 @@ def _options(cluster, *extra):
     return flink.flink_options(2, cluster.master, *extra)
 
 
-def test_failed_tasks_recover_with_exactly_once_table_contents(cluster, tmp_path, monkeypatch):
+def test_failed_tasks_recover_with_exactly_once_table_contents(cluster, tmp_path):
     # The superfile build and the commit each fail on their first attempt,
     # after their side effects (an uploaded superfile, a landed commit); Flink
     # restarts the job and the rerun must neither lose nor duplicate a row.
     markers = tmp_path / "markers"
     markers.mkdir()
-    monkeypatch.setenv(FAIL_FIRST_ENV, f"{markers}:build,commit")
     n = 8000
     rows, x = _rows(n, seed=11)
     uri = str(tmp_path / "table")
     p = beam.Pipeline(options=_options(cluster))
     commits = (p | beam.Create(rows)
                | WriteToSupertable(uri, schema=SCHEMA, vector_column="emb",
-                                   fts_columns=["body"], n_shards=2))
+                                   fts_columns=["body"], n_shards=2,
+                                   on_stage=FailFirstAttempt(markers, ("build", "commit"))))
     _ = (commits | beam.Map(lambda c: json.dumps([c.version, c.rows]))
          | beam.io.WriteToText(str(tmp_path / "commits")))
     p.run().wait_until_finish()
@@ -85,7 +85,6 @@ def test_failed_tasks_recover_with_exactly_once_table_contents(cluster, tmp_path
     assert t.search(vector=x[777], k=1)["n"].to_pylist() == [777]
     assert _read_lines(str(tmp_path / "commits")) == [[1, n]]
 
-    monkeypatch.delenv(FAIL_FIRST_ENV)
     p = beam.Pipeline(options=_options(cluster))
     _ = (p | ReadFromSupertable(uri, columns=["_id", "n"])
          | beam.Map(lambda r: json.dumps([r["_id"], r["n"]]))

@@ -1,0 +1,59 @@
+"""Utilities for testing pipelines that write supertables.
+
+``FailFirstAttempt`` is an ``on_stage`` hook for ``WriteToSupertable``: it
+fails the first attempt of each stage it names, after that stage's side
+effects, so a test can check that the runner's retry (or a rerun of the job)
+neither loses nor doubles a row.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable, Union
+
+__all__ = ["FailFirstAttempt"]
+
+STAGES = ("build", "commit")
+
+
+class FailFirstAttempt:
+    """Fails the first attempt of each named stage, once per (stage, key).
+
+    Each failure is remembered by a marker file ``<stage>-<key>`` in
+    ``folder``, created atomically, so every worker process of a job (and
+    every rerun) agrees that it happened.
+
+    Example::
+
+        hook = FailFirstAttempt(tmp_path, stages=("build", "commit"))
+        rows | WriteToSupertable(uri, schema=schema, on_stage=hook)
+
+    Args:
+        folder: an existing directory every worker can write.
+        stages: which of ``"build"`` and ``"commit"`` fail.
+
+    Raises:
+        ValueError: an unknown stage or a folder that is not a directory.
+    """
+
+    def __init__(self, folder: Union[str, os.PathLike],
+                 stages: Iterable[str] = STAGES) -> None:
+        self.folder = os.fspath(folder)
+        self.stages = tuple(stages)
+        unknown = [s for s in self.stages if s not in STAGES]
+        if unknown:
+            raise ValueError(f"FailFirstAttempt: unknown stage(s) {unknown}; "
+                             f"the stages are {STAGES}")
+        if not os.path.isdir(self.folder):
+            raise ValueError(f"FailFirstAttempt: {self.folder!r} is not a directory")
+
+    def __call__(self, stage: str, key: str) -> None:
+        if stage not in self.stages:
+            return
+        marker = os.path.join(self.folder, f"{stage}-{key}".replace("/", "_"))
+        try:
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return
+        os.close(fd)
+        raise RuntimeError(f"injected failure: first attempt of {stage} {key}")
