@@ -15,6 +15,8 @@ from typing import Optional
 from beam_supertable.errors import (
     AlreadyExists, TokenReuseError)
 from beam_supertable._manifest_doc import RECENT_TOKENS, TOKENS, VERSION_DIGITS, Snapshot
+
+
 def token_folder(token: str) -> str:
     """Where the markers of ``token`` live (one folder per token)."""
     return f"{TOKENS}/{hashlib.sha256(token.encode('utf-8')).hexdigest()}"

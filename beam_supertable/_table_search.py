@@ -22,6 +22,7 @@ from beam_supertable.vector import grid as grid_mod
 from beam_supertable.vector import search as vector_search
 from beam_supertable.vector.metric import nearest, prepare
 
+
 class TableSearch:
     """``Supertable.search`` and the machinery behind it (mixed into the table).
 

@@ -24,7 +24,6 @@ from beam_supertable.writer import (
     GridAgreement, write_superfiles)
 
 
-
 APPEND_MEMORY_FACTOR = 4   # peak bytes of an append ≈ this × the input's Arrow bytes
 
 

@@ -22,6 +22,8 @@ from beam_upsert.model import Invalid, KeyState, UpsertCommand, apply_times
 from beam_upsert.prepare import decode_key
 from beam_upsert.stateful import (decode_entry,
                                   encode_entry)
+
+
 class _ByShard(beam.DoFn):
     """Grouped flavor: a bundle's commands -> ``(shard, [(key, time µs, offset, row)])``.
 
@@ -273,6 +275,8 @@ class _LatestPerKey(beam.DoFn):
 
 
 # -- the commit's inputs (bounded) ---------------------------------------------------------
+
+
 class _KeysToArrow(beam.DoFn):
     """Changed keys -> Arrow tables of the key columns (what the commit resolves)."""
 

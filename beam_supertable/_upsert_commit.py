@@ -19,6 +19,8 @@ from beam_supertable.mutation import Mutation
 from beam_supertable.table import Supertable
 from beam_supertable._write_stages import CommitResult
 from beam_supertable._upsert_table import COMMIT_SLOT_US, NAMESPACE, PUT, _Settings, _key_table, _stream_pin, _stream_token
+
+
 def _commit(settings: _Settings, *, entries: List[dict], keys: Optional[pa.Table],
             frontier: int, token: str, base_version: int,
             stamp: Optional[dict], metadata: Optional[dict] = None) -> Optional[CommitResult]:
@@ -75,6 +77,8 @@ class _CommitBounded(beam.DoFn):
 
 
 # -- committing per firing (unbounded) ---------------------------------------------------------
+
+
 class _CommitStream(beam.DoFn):
     """Unbounded input: every change up to a slot's end, once the watermark passes it.
 

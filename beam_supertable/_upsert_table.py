@@ -36,6 +36,8 @@ _STAMP_CMD, _STAMP_BLOCK = "c", "b"   # stash entries of the stateful flavor
 
 
 # -- the pinned version ----------------------------------------------------------
+
+
 class _Settings(NamedTuple):
     """What every stage needs to open the table (plain data, pickled into the job)."""
 

@@ -16,11 +16,15 @@ from beam_supertable._upsert_table import INVALID_TAG, VALIDATE_BATCH_ROWS, _Set
 from beam_upsert.metrics import UpsertCounters
 from beam_upsert.model import Invalid, check_command
 from beam_upsert.prepare import encode_key
+
+
 class _Reason(str):
     """Why a command is refused (told apart from a string key or row)."""
 
 
 # -- validation ------------------------------------------------------------------------
+
+
 class _Validate(beam.DoFn):
     """Commands -> ``(encoded key, (time µs, offset, row | None))``, conformed.
 
@@ -181,6 +185,8 @@ class _Validate(beam.DoFn):
 
 
 # -- applying commands per key ------------------------------------------------------------
+
+
 class _Settle(beam.DoFn):
     """Refused rows: ``Invalid`` unless below the pinned frontier (then already applied)."""
 

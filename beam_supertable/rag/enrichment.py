@@ -25,6 +25,8 @@ from beam_supertable.rag._common import (
     InvalidQueryError, METADATA_COLUMN, MODES, NAMESPACE, _ENRICHMENT_TAKES_HANDLER_JOIN,
     _dense_of, _text_of, cross_join)
 # -- retrieval -------------------------------------------------------------------
+
+
 class _Query(NamedTuple):
     id: Any
     mode: str

@@ -25,6 +25,8 @@ from beam_supertable.rag._common import (
     NAMESPACE, ON_INVALID, RESERVED_COLUMNS, _WriteConfigBase, _dense_of, _metadata_value,
     _text_of, chunk_schema)
 # -- ingestion -------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class SupertableVectorWriterConfig(_WriteConfigBase):
     """Writes embedded ``Chunk`` s into a supertable (``VectorDatabaseWriteConfig``).
