@@ -1,4 +1,15 @@
-"""A table of Parquet superfiles on any fsspec object store, committed with OCC."""
+"""A table of Parquet superfiles on any fsspec object store, committed with OCC.
+
+The public API is what ``__all__`` lists: the ``Supertable`` facade, the Beam
+transforms and their results, the maintenance reports and the errors. Beam's
+RAG integration lives in :mod:`beam_supertable.rag`, test utilities in
+:mod:`beam_supertable.testing`. Every other module is internal: it may change
+between releases (``Manifest`` and ``CommitRequest`` stay importable from
+``beam_supertable.manifest``, ``ObjectStore`` from ``beam_supertable.store``).
+"""
+
+import importlib
+import warnings
 
 from beam_supertable._version import __version__
 from beam_supertable.errors import (
@@ -7,33 +18,50 @@ from beam_supertable.errors import (
     StoreIOError, SupertableError, TableExistsError, TokenReuseError, UnsafeBackendError,
     VersionNotFoundError)
 from beam_supertable.inspection import inspect_table
-from beam_supertable.manifest import CommitRequest, Manifest, Snapshot, VacuumPlan, VacuumReport
+from beam_supertable.manifest import Snapshot, VacuumPlan, VacuumReport
 from beam_supertable.optimize import OptimizeGroup, OptimizePlan
-from beam_supertable.store import ObjectInfo, ObjectStore
 from beam_supertable.table import Supertable
 
 __all__ = [
     "__version__",
-    "CommitResult", "ReadFromSupertable", "UpsertToSupertable", "WriteResult",
-    "WriteToSupertable",
-    "AlreadyExists", "CommitConflictError", "CommitFailedError", "CommitRequest",
-    "CorruptManifestError", "DuplicateKeyError", "FrontierError",
-    "Manifest", "MemoryBudgetError", "NotATableError", "OptimizeGroup", "OptimizePlan", "ObjectInfo", "ObjectStore", "SchemaMismatchError",
-    "Snapshot", "StoreIOError", "Supertable", "SupertableError", "TableExistsError",
-    "TokenReuseError", "UnsafeBackendError",
-    "VacuumPlan", "VacuumReport", "VersionNotFoundError", "inspect_table",
+    # the table
+    "Supertable", "Snapshot", "OptimizeGroup", "OptimizePlan", "VacuumPlan", "VacuumReport",
+    "inspect_table",
+    # the Beam transforms
+    "CommitResult", "ReadFromSupertable", "UpsertToSupertable", "UpsertWriteResult",
+    "WriteResult", "WriteToSupertable",
+    # errors
+    "AlreadyExists", "CommitConflictError", "CommitFailedError", "CorruptManifestError",
+    "DuplicateKeyError", "FrontierError", "MemoryBudgetError", "NotATableError",
+    "SchemaMismatchError", "StoreIOError", "SupertableError", "TableExistsError",
+    "TokenReuseError", "UnsafeBackendError", "VersionNotFoundError",
 ]
+
+# The Beam transforms import apache_beam; the table itself does not need it.
+_LAZY = {
+    "WriteToSupertable": "beam_supertable.write",
+    "CommitResult": "beam_supertable.write",
+    "WriteResult": "beam_supertable.write",
+    "ReadFromSupertable": "beam_supertable.read",
+    "UpsertToSupertable": "beam_supertable.upsert_write",
+    "UpsertWriteResult": "beam_supertable.upsert_write",
+}
+# Internals this package once exported: still importable here, with a warning,
+# until 0.4; their modules keep them.
+_INTERNAL = {
+    "Manifest": "beam_supertable.manifest",
+    "CommitRequest": "beam_supertable.manifest",
+    "ObjectStore": "beam_supertable.store",
+    "ObjectInfo": "beam_supertable.store",
+}
 
 
 def __getattr__(name):
-    # The Beam transforms import apache_beam; the table itself does not need it.
-    if name in ("WriteToSupertable", "CommitResult", "WriteResult"):
-        from beam_supertable import write
-        return getattr(write, name)
-    if name == "ReadFromSupertable":
-        from beam_supertable import read
-        return read.ReadFromSupertable
-    if name == "UpsertToSupertable":
-        from beam_supertable import upsert_write
-        return upsert_write.UpsertToSupertable
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _INTERNAL:
+        module = _INTERNAL[name]
+        warnings.warn(f"beam_supertable.{name} is internal and leaves the package namespace "
+                      f"in 0.4; import it from {module}", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(module), name)
     raise AttributeError(f"module 'beam_supertable' has no attribute {name!r}")
