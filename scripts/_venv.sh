@@ -2,10 +2,12 @@
 # the project into it, again only when pyproject.toml or its constraints
 # changed. Two environments:
 #   default (.venv)       the newest apache-beam: users' Beam, the main job, every
-#                         DirectRunner suite; versions in constraints.txt
+#                         DirectRunner suite, the docs build; versions in
+#                         constraints.txt; extras [test,docs]
 #   VENV_KIND=flink       (.venv-flink) the apache-beam release whose Flink job
 #                         server this machine can assemble (<beam.version> in
-#                         flink/pom.xml); versions in flink/constraints.txt
+#                         flink/pom.xml); versions in flink/constraints.txt;
+#                         extras [test]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
@@ -13,10 +15,12 @@ if [ "${VENV_KIND:-default}" = flink ]; then
   VENV="${BEAM_PLUGIN_FLINK_VENV:-$ROOT/.venv-flink}"
   CONSTRAINTS="$ROOT/flink/constraints.txt"
   BEAM_PIN="apache-beam==$(sed -n 's:.*<beam.version>\(.*\)</beam.version>.*:\1:p' "$ROOT/flink/pom.xml")"
+  EXTRAS="test"
 else
   VENV="${BEAM_PLUGIN_VENV:-$ROOT/.venv}"
   CONSTRAINTS="$ROOT/constraints.txt"
   BEAM_PIN=""
+  EXTRAS="test,docs"
 fi
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
@@ -26,7 +30,7 @@ if [ ! -f "$STAMP" ]; then
   echo "Installing the project into $VENV (once) ..." >&2
   "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
   # shellcheck disable=SC2086
-  "$VENV/bin/python" -m pip install -q -c "$CONSTRAINTS" -e "$ROOT[test]" $BEAM_PIN
+  "$VENV/bin/python" -m pip install -q -c "$CONSTRAINTS" -e "$ROOT[$EXTRAS]" $BEAM_PIN
   rm -f "$VENV"/.installed-*
   touch "$STAMP"
 fi
