@@ -271,3 +271,25 @@ def test_optimize_dry_run_then_run_then_nothing_left(tmp_path):
     vacuumed = run_cli("optimize", uri, "--vacuum-after", "--older-than", "0s",
                        "--retain-versions", "1", "--json")
     assert vacuumed.returncode == 0, vacuumed.stderr
+
+
+def test_cli_on_a_store_without_credentials_is_one_line_no_traceback(tmp_path, s3_server):
+    """A store client's own error (botocore's NoCredentialsError is no OSError) is one line.
+
+    The CLI promises "errors are one line on stderr naming the URI ...
+    without a traceback"; a missing credential printed a 30-line traceback.
+    The process runs with no credentials anywhere it could find them.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+               AWS_CONFIG_FILE=str(tmp_path / "none"), AWS_EC2_METADATA_DISABLED="true")
+    options = '{"client_kwargs": {"endpoint_url": "%s", "region_name": "us-east-1"}}' % s3_server
+    result = subprocess.run(
+        [sys.executable, "-m", "beam_supertable", "inspect", "s3://no-credentials/t",
+         "--storage-options", options],
+        capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and "s3://no-credentials/t" in errors[0], result.stderr

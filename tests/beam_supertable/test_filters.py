@@ -265,3 +265,26 @@ def test_pruning_decides_what_the_statistics_decide(expr, expected):
                      "s": pa.array([None] * 3, pa.string()), "b": [False, False, None]})
     entry = {"rows": 3, "stats": column_stats(rows), "null_counts": null_counts(rows)}
     assert Pruner(expr, SCHEMA)(entry) is expected
+
+
+# -- is_in casts its value set to the column's type --------------------------------
+def test_isin_float_set_on_float32_column_finds_the_row(local_uri):
+    """Arrow casts an is_in value set to the column's type (float64 0.1 -> float32 0.1)."""
+    t = Supertable.create(local_uri, pa.schema([("f", pa.float32()), ("tag", pa.string())]))
+    t.append(pa.table({"f": pa.array([0.1], pa.float32()), "tag": ["x"]}))
+    expr = pc.field("f").isin([0.1])
+    # Arrow's own answer on the same rows.
+    assert t.to_arrow(columns=["f"]).filter(expr).num_rows == 1
+    assert t.count_rows(expr) == 1
+    assert t.to_arrow(columns=["tag"], filter=expr)["tag"].to_pylist() == ["x"]
+    t.delete(expr)
+    assert t.count_rows() == 0
+
+
+def test_isin_timestamp_set_on_date_column_finds_the_row(local_uri):
+    """Arrow casts a timestamp value set to date32 (dropping the time of day) for is_in."""
+    t = Supertable.create(local_uri, pa.schema([("d", pa.date32())]))
+    t.append(pa.table({"d": pa.array([datetime.date(2024, 1, 1)])}))
+    expr = pc.field("d").isin(pa.array([datetime.datetime(2024, 1, 1, 5)], pa.timestamp("us")))
+    assert t.to_arrow(columns=["d"]).filter(expr).num_rows == 1
+    assert t.count_rows(expr) == 1

@@ -202,3 +202,33 @@ def test_text_search_skips_superfiles_without_the_terms(tmp_path):
     # a few bytes apart, so bytes are compared to within 2 %.)
     assert reads[0]["requests"] == reads[1]["requests"]
     assert abs(reads[0]["bytes"] - reads[1]["bytes"]) <= 0.02 * reads[1]["bytes"]
+
+
+def test_bm25_after_upserts_and_two_deletes_equals_a_fresh_table(tmp_path):
+    """Rows replaced by upsert and deleted by two separate commits count in no
+    BM25 statistic, on the writing handle and on a fresh one."""
+    schema = pa.schema([("id", pa.int64()), ("body", pa.string())])
+    docs = {i: " ".join(["ant", "bee", "cat", "dog"][: 1 + i % 4] + ["eel"] * (i % 3))
+            for i in range(30)}
+    a = Supertable.create(str(tmp_path / "a"), schema, primary_key="id", fts_columns=["body"])
+    a.append(pa.table({"id": list(docs), "body": list(docs.values())}, schema=schema))
+    a.upsert(pa.table({"id": [1, 2, 3], "body": ["fox", "fox fox", None]}, schema=schema))
+    a.search(text="bee", k=50)   # warm the caches of this handle
+    a.delete(pc.field("id").isin([5, 6]))
+    a.upsert(pa.table({"id": [2, 40], "body": ["bee fox", "bee"]}, schema=schema))
+    a.delete(pc.field("id").isin([7]))
+    live = dict(docs)
+    live.update({1: "fox", 3: None, 2: "bee fox", 40: "bee"})
+    for gone in (5, 6, 7):
+        live.pop(gone)
+    b = Supertable.create(str(tmp_path / "b"), schema, primary_key="id", fts_columns=["body"])
+    b.append(pa.table({"id": list(live), "body": list(live.values())}, schema=schema))
+
+    def hits(t, q):
+        res = t.search(text=q, k=100, columns=["id"])
+        score = [c for c in res.column_names if c != "id"][-1]
+        return sorted(zip(res["id"].to_pylist(), np.round(res[score].to_numpy(), 6)))
+    for q in ("bee", "fox", "eel cat", "+bee fox"):
+        want = hits(b, q)
+        assert hits(a, q) == want, q
+        assert hits(Supertable.open(str(tmp_path / "a")), q) == want, q

@@ -1,31 +1,18 @@
-"""Versions, the OCC commit, idempotency, bad input and vacuum."""
+"""The manifest: versions, history, the optimistic commit and its retries, bad manifests."""
 
 import json
-import os
-import time
 
 import pyarrow as pa
 import pytest
 
 from beam_supertable import (
     AlreadyExists, CommitConflictError, CommitFailedError, CommitRequest, CorruptManifestError,
-    Manifest, NotATableError, ObjectStore, SchemaMismatchError, Supertable, SupertableError,
-    TableExistsError, TokenReuseError, VersionNotFoundError)
+    Manifest, NotATableError, ObjectStore, SchemaMismatchError, Supertable, TableExistsError,
+    VersionNotFoundError)
 from beam_supertable.manifest import HINT, PART_FANOUT, version_path
+from tests.beam_supertable.conftest import SMALL_SCHEMA as SCHEMA
+from tests.beam_supertable.conftest import small_entry as _entry
 from tests.conftest import s3_options
-
-SCHEMA = pa.schema([("x", pa.int64()), ("s", pa.string())])
-
-
-def _entry(i, rows=1):
-    return {"id": f"sf{i}", "path": f"data/sf{i}.parquet", "rows": rows}
-
-
-@pytest.fixture
-def table(table_location):
-    uri, options = table_location
-    return Supertable.create(uri, SCHEMA, storage_options=options)
-
 
 def test_append_open_history_and_snapshot_isolation(table, table_location):
     uri, options = table_location
@@ -106,87 +93,6 @@ def test_metadata_stamps_rebase_and_real_conflicts_fail(table, table_location):
         b.commit(CommitRequest(set_properties={"grid": {**grid, "n_cells": 8}}))
 
 
-def test_token_makes_a_retried_commit_land_once(table, table_location):
-    uri, options = table_location
-    m = Manifest(ObjectStore(uri, options))
-    first = m.commit(CommitRequest(add_entries=(_entry(1),), token="job-1/window-0"))
-    m.commit(CommitRequest(add_entries=(_entry(2),)))
-    again = m.commit(CommitRequest(add_entries=(_entry(1),), token="job-1/window-0"))
-    assert again.version == first.version == 1
-    assert m.load().totals["superfiles"] == 2
-
-
-def test_token_found_beyond_the_recent_window_with_base_version(table, table_location):
-    uri, options = table_location
-    m = Manifest(ObjectStore(uri, options))
-    m.commit(CommitRequest(add_entries=(_entry(0),), token="old"))
-    from beam_supertable import manifest as mf
-    window, mf.RECENT_TOKENS = mf.RECENT_TOKENS, 3
-    try:
-        for i in range(6):
-            m.commit(CommitRequest(add_entries=(_entry(i + 1),)))
-        assert m.commit(CommitRequest(add_entries=(_entry(0),), token="old",
-                                      base_version=0)).version == 1
-    finally:
-        mf.RECENT_TOKENS = window
-
-
-def _old_token_out_of_window(m):
-    """Commits token "old" (version 1), then six more tokened commits after it."""
-    m.commit(CommitRequest(add_entries=(_entry(0),), token="old"))
-    for i in range(6):
-        m.commit(CommitRequest(add_entries=(_entry(i + 1),), token=f"stream/{i}"))
-    return m
-
-
-def test_a_token_past_the_recent_window_is_found_without_a_base_version(
-        table, table_location, monkeypatch):
-    """A rerun plans on a version after its token landed, so it has no
-    ``base_version`` at or before it: the token is found however many tokened
-    commits pushed it out of the recent window, and other rows under it are refused."""
-    from beam_supertable import manifest as mf
-    monkeypatch.setattr(mf, "RECENT_TOKENS", 3)
-    uri, options = table_location
-    m = _old_token_out_of_window(Manifest(ObjectStore(uri, options)))
-    again = m.commit(CommitRequest(add_entries=(_entry(0),), token="old"))
-    assert again.version == 1 and again.deduplicated
-    with pytest.raises(TokenReuseError, match="old"):
-        m.commit(CommitRequest(add_entries=(_entry(9, rows=5),), token="old"))
-    assert m.load().version == 7 and m.load().totals["superfiles"] == 7
-
-
-def test_a_token_that_lost_a_race_is_found_where_it_landed(table, table_location, monkeypatch):
-    """The first attempt's version went to another writer; the token landed on
-    the next one, and a rerun past the recent window finds it there."""
-    from beam_supertable import manifest as mf
-    monkeypatch.setattr(mf, "RECENT_TOKENS", 3)
-    uri, options = table_location
-    a, b = Manifest(ObjectStore(uri, options)), Manifest(ObjectStore(uri, options))
-    stale = a.load()
-    b.commit(CommitRequest(add_entries=(_entry(1),), token="other"))
-    landed = a.commit(CommitRequest(add_entries=(_entry(2),), token="T"), base=stale)
-    assert landed.version == 2 and not landed.deduplicated
-    for i in range(6):
-        b.commit(CommitRequest(add_entries=(_entry(i + 3),), token=f"stream/{i}"))
-    again = b.commit(CommitRequest(add_entries=(_entry(2),), token="T"))
-    assert again.version == 2 and again.deduplicated
-    assert b.load().totals["superfiles"] == 8
-
-
-def test_a_token_past_the_window_whose_version_was_vacuumed_is_refused(
-        table, table_location, monkeypatch):
-    """Whether a vacuumed version held the same rows cannot be told: refuse, never
-    commit a second time."""
-    from beam_supertable import manifest as mf
-    monkeypatch.setattr(mf, "RECENT_TOKENS", 3)
-    uri, options = table_location
-    m = _old_token_out_of_window(Manifest(ObjectStore(uri, options)))
-    m.vacuum(retain_versions=2, older_than=0)
-    with pytest.raises(TokenReuseError, match="vacuumed"):
-        m.commit(CommitRequest(add_entries=(_entry(0),), token="old"))
-    assert m.load().version == 7
-
-
 def test_latest_is_found_from_a_stale_or_missing_hint(table, table_location):
     uri, options = table_location
     for i in range(3):
@@ -211,44 +117,26 @@ def test_commits_reuse_parts_and_merge_them_logarithmically(table, table_locatio
     assert before <= {p.path for p in after.parts}  # unchanged parts referenced, not rewritten
 
 
-def test_vacuum_keeps_retained_and_young_objects(tmp_path):
-    uri = str(tmp_path / "t")
-    table = Supertable.create(uri, SCHEMA)
-    for i in range(4):
-        table.append(pa.table({"x": [i], "s": ["a"]}))
-    orphan = tmp_path / "t" / "data" / "orphan.sf.parquet"
-    orphan.write_bytes(b"x")
-    foreign = tmp_path / "t" / "notes.txt"
-    foreign.write_text("not ours")
-    young = table.vacuum(retain_versions=1)  # default grace: everything is young
-    assert young.removed_objects == ()
-    old = time.time() - 3600
-    for root, _, files in os.walk(tmp_path / "t"):
-        for name in files:
-            os.utime(os.path.join(root, name), (old, old))
-    report = table.vacuum(retain_versions=2, older_than=60)
-    assert report.removed_versions == (0, 1, 2)
-    assert "data/orphan.sf.parquet" in report.removed_objects
-    assert foreign.exists()
-    latest = Supertable.open(uri)
-    assert latest.count_rows() == 4 and latest.to_arrow().num_rows == 4
-    assert Supertable.open(uri, version=3).to_arrow().num_rows == 3
-    with pytest.raises(VersionNotFoundError):
-        Supertable.open(uri, version=1)
+def test_commit_rebuilds_the_request_on_every_base(tmp_path):
+    store = ObjectStore(str(tmp_path / "t"))
+    manifest = Manifest(store)
+    manifest.create(pa.schema([("x", pa.int64())]))
+    stale = manifest.load()
+    manifest.commit(CommitRequest(operation="other"))
+    seen = []
 
+    def rebuild(base):
+        seen.append(base.version)
+        return CommitRequest(operation="rebuilt", metadata={"on": base.version})
 
-def test_vacuum_older_than_none_is_the_default_grace_on_every_entry_point(tmp_path):
-    # None used to mean "no grace" in Manifest.vacuum and "6 hours" in Supertable.vacuum.
-    from beam_supertable import Manifest, Supertable
-    t = Supertable.create(str(tmp_path / "t"), pa.schema([("x", pa.int64())]))
-    t.append(pa.table({"x": [1]}))
-    t.store.put("data/orphan.sf.parquet", b"not referenced by any version")
-    for report in (t.vacuum(older_than=None), Manifest(t.store).vacuum(older_than=None)):
-        assert "data/orphan.sf.parquet" not in report.removed_objects
-    assert "data/orphan.sf.parquet" in t.vacuum(older_than=0, dry_run=True).removed_objects
-    with pytest.raises(ValueError, match="older_than"):
-        t.vacuum(older_than=-1)
-
+    landed = manifest.commit(CommitRequest(operation="x"), base=stale, rebuild=rebuild)
+    assert seen == [0, 1]                   # lost the race on 0, rebuilt on 1
+    assert landed.version == 2 and landed.commit["metadata"] == {"on": 1}
+    assert landed.commit["operation"] == "rebuilt"
+    assert manifest.commit(CommitRequest(), rebuild=lambda base: None).version == 2
+    with pytest.raises(ValueError, match="must keep req.add_entries"):
+        manifest.commit(CommitRequest(add_entries=({"id": "a", "path": "data/a", "rows": 1},)),
+                        rebuild=lambda base: CommitRequest())
 
 @pytest.mark.s3
 def test_a_listing_cached_by_one_handle_never_hides_a_newer_version(s3_server, s3_bucket):
@@ -269,46 +157,6 @@ def test_a_listing_cached_by_one_handle_never_hides_a_newer_version(s3_server, s
     landed = writer.commit(CommitRequest(add_entries=(_entry(2),)), base=base, max_retries=3)
     assert landed.version == 2
     assert sorted(e["id"] for e in landed.entries()) == ["sf1", "sf2"]
-
-
-def test_a_landed_token_is_honoured_only_for_the_same_rows(table, table_location, caplog):
-    uri, options = table_location
-    rows = pa.table({"x": list(range(10)), "s": [f"r{i}" for i in range(10)]})
-    assert table.append(rows, token="load-1") == 1
-    # A rerun rebuilds the same rows under new names and ids, split and
-    # ordered differently: the same commit, so nothing new lands.
-    rerun = Supertable.open(uri, storage_options=options)
-    shuffled = rows.take(pa.array([9, 3, 1, 0, 2, 8, 7, 4, 6, 5]))
-    with caplog.at_level("WARNING", logger="beam_supertable.manifest"):
-        assert rerun.append(shuffled, token="load-1", n_shards=3) == 1
-    assert "already landed at version 1" in caplog.text
-    # The same token over other rows (one value differs) is refused, loudly.
-    other = rows.set_column(1, "s", pa.array([f"r{i}" for i in range(9)] + ["changed"]))
-    table.append(pa.table({"x": [99], "s": ["z"]}))  # the table moves on to version 2
-    with pytest.raises(TokenReuseError) as err:
-        Supertable.open(uri, storage_options=options).append(other, token="load-1")
-    message = str(err.value)
-    assert "'load-1'" in message and "version 1" in message and "version 2" in message
-    assert (err.value.token, err.value.landed_version, err.value.base_version) == ("load-1", 1, 2)
-    assert isinstance(err.value, SupertableError)
-    latest = Supertable.open(uri, storage_options=options)
-    assert latest.version == 2 and latest.count_rows() == 11
-    assert rerun.snapshot.deduplicated and not latest.snapshot.deduplicated
-
-
-def test_fingerprints_of_entries_without_row_digests_use_their_content(table, table_location):
-    uri, options = table_location
-    m = Manifest(ObjectStore(uri, options))
-    stats = {"rows": 2, "stats": {"x": [1, 2]}}
-    first = m.commit(CommitRequest(add_entries=({"id": "a", "path": "data/a", **stats},),
-                                   token="t"))
-    again = m.commit(CommitRequest(add_entries=({"id": "b", "path": "data/b", **stats},),
-                                   token="t"))
-    assert again.version == first.version == 1 and again.deduplicated and not first.deduplicated
-    with pytest.raises(TokenReuseError, match="'t' already landed at version 1"):
-        m.commit(CommitRequest(add_entries=({"id": "c", "path": "data/c", "rows": 2,
-                                             "stats": {"x": [1, 3]}},), token="t"))
-    assert m.load().version == 1
 
 
 class _Injected(ObjectStore):

@@ -4,6 +4,7 @@ The results must be those of the general path: exact where every cell is
 probed, blind to deleted rows, and never stale after a commit.
 """
 
+import math
 import warnings
 
 import numpy as np
@@ -254,3 +255,123 @@ def test_a_refreshed_handle_searches_the_new_schema_and_rows(tmp_path):
     assert after["id"].to_pylist()[::3] == ["k0", "k1", "k2", "k3"]
     again = Supertable.open(uri, version=v1).search(vector=q, k=3)
     assert again.equals(before)
+
+
+# -- small keyed tables, deletes, upserts, optimize and stale handles ----------------
+D = 4
+
+
+def _vec_table(uri, n=50, metric="l2"):
+    rng = np.random.default_rng(0)
+    vecs = rng.normal(size=(n, D)).astype(np.float32)
+    schema = pa.schema([("id", pa.int64()), ("g", pa.int64()), ("emb", pa.list_(pa.float32(), D))])
+    t = Supertable.create(uri, schema, primary_key="id", vector_column="emb", metric=metric)
+    t.append(pa.table({"id": np.arange(n), "g": np.arange(n) % 5,
+                       "emb": pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel()), D)},
+                      schema=schema))
+    return Supertable.open(uri), vecs
+
+
+def _ids(res):
+    return res["id"].to_pylist()
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_dense_search_after_delete_and_upsert_same_and_stale_handle(tmp_path, batch):
+    uri = str(tmp_path / "t")
+    t, vecs = _vec_table(uri)
+    q = vecs[7]
+    stale = Supertable.open(uri)
+
+    def top(handle, k=3):
+        extra = dict(recall_target=1.0) if k > 3 else {}
+        if batch:
+            res = handle.search(vector=np.stack([q, q]), k=k, columns=["id"], **extra)
+            assert _ids(res.filter(pc.field("_query") == 0)) == _ids(
+                res.filter(pc.field("_query") == 1))
+            return _ids(res.filter(pc.field("_query") == 0))
+        return _ids(handle.search(vector=q, k=k, columns=["id"], **extra))
+    assert top(t)[0] == 7
+    assert top(stale)[0] == 7   # warm the stale handle's caches
+    t.delete(pc.field("id") == 7)
+    assert 7 not in top(t)
+    assert top(Supertable.open(uri))[0] != 7
+    assert top(stale)[0] == 7   # the stale handle still reads its own version
+    t.upsert(pa.table({"id": [8], "g": [0], "emb": pa.FixedSizeListArray.from_arrays(
+        pa.array(np.asarray(q, np.float32)), D)}, schema=t.user_schema))
+    assert top(t)[0] == 8
+    assert top(t, k=60).count(8) == 1
+    assert top(Supertable.open(uri), k=60).count(8) == 1
+    assert len(top(t, k=60)) == 49
+
+
+@pytest.mark.parametrize("metric", ["l2", "cosine", "dot"])
+def test_dense_search_zero_match_filter_and_k_above_size(tmp_path, metric):
+    uri = str(tmp_path / "t")
+    t, vecs = _vec_table(uri, metric=metric)
+    q = vecs[3]
+    assert t.search(vector=q, k=5, filter=pc.field("g") == 99, columns=["id"]).num_rows == 0
+    res = t.search(vector=np.stack([q, q]), k=5, filter=pc.field("g") == 99, columns=["id"])
+    assert res.num_rows == 0
+    every = dict(columns=["id"], recall_target=1.0)
+    assert sorted(_ids(t.search(vector=q, k=500, **every))) == list(range(50))
+    both = t.search(vector=np.stack([q, q]), k=500, **every)
+    assert sorted(_ids(both)) == sorted(list(range(50)) * 2)
+    sel = t.search(vector=q, k=500, filter=pc.field("g") == 2, **every)
+    assert sorted(_ids(sel)) == list(range(2, 50, 5))
+    sel = t.search(vector=np.stack([q, q]), k=500, filter=pc.field("g") == 2, **every)
+    assert sorted(_ids(sel)) == sorted(list(range(2, 50, 5)) * 2)
+    sel = t.search(vector=q, k=3, filter=pc.field("g") == 2, columns=["id"], recall_target=0.95)
+    assert len(_ids(sel)) == 3
+
+
+def test_cosine_zero_vectors(tmp_path):
+    uri = str(tmp_path / "t")
+    schema = pa.schema([("id", pa.int64()), ("emb", pa.list_(pa.float32(), D))])
+    t = Supertable.create(uri, schema, vector_column="emb", metric="cosine")
+    vecs = np.eye(D, dtype=np.float32)
+    vecs = np.vstack([vecs, np.zeros((1, D), np.float32)])
+    t.append(pa.table({"id": np.arange(len(vecs)), "emb": pa.FixedSizeListArray.from_arrays(
+        pa.array(vecs.ravel()), D)}, schema=schema))
+    t = Supertable.open(uri)
+    res = t.search(vector=vecs[1], k=5, columns=["id"])
+    assert _ids(res)[0] == 1
+    scores = [c for c in res.column_names if c not in ("id",)]
+    for c in scores:
+        if pa.types.is_floating(res[c].type):
+            assert all(not math.isnan(x) for x in res[c].to_pylist()), c
+    zero = t.search(vector=np.zeros(D, np.float32), k=5, columns=["id"])
+    for c in zero.column_names:
+        if pa.types.is_floating(zero[c].type):
+            assert all(not math.isnan(x) for x in zero[c].to_pylist()), c
+    batch = t.search(vector=np.stack([vecs[1], np.zeros(D, np.float32)]), k=5, columns=["id"])
+    for c in batch.column_names:
+        if pa.types.is_floating(batch[c].type):
+            assert all(not math.isnan(x) for x in batch[c].to_pylist()), c
+
+
+@pytest.mark.parametrize("metric", ["l2", "cosine"])
+def test_dense_search_same_answer_after_optimize_on_every_handle(tmp_path, metric):
+    uri = str(tmp_path / "t")
+    t, vecs = _vec_table(uri, metric=metric)
+    rng = np.random.default_rng(1)
+    more = rng.normal(size=(30, D)).astype(np.float32)
+    t.append(pa.table({"id": np.arange(50, 80), "g": np.arange(30) % 5,
+                       "emb": pa.FixedSizeListArray.from_arrays(pa.array(more.ravel()), D)},
+                      schema=t.user_schema))
+    t.delete(pc.field("id").isin([3, 7, 60]))
+    qs = np.vstack([vecs[:4], more[:4]])
+    every = dict(k=10, columns=["id"], recall_target=1.0)
+
+    def answer(h):
+        res = h.search(vector=qs, **every)
+        return [_ids(res.filter(pc.field("_query") == i)) for i in range(len(qs))]
+    before = answer(t)
+    stale = Supertable.open(uri)
+    assert answer(stale) == before
+    t.optimize()
+    assert answer(t) == before
+    assert answer(stale) == before
+    assert answer(Supertable.open(uri)) == before
+    singles = [_ids(Supertable.open(uri).search(vector=q, **every)) for q in qs]
+    assert singles == before

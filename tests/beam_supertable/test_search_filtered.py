@@ -6,6 +6,8 @@ import pyarrow.compute as pc
 import pytest
 
 from beam_supertable import Supertable
+from tests.beam_supertable.test_optimize import _many_clusters
+from tests.beam_supertable.test_optimize import _recall as _recall_vs_every_cell
 
 
 def _overlapping(tmp_path, n=8_000, dim=16, seed=3):
@@ -60,3 +62,10 @@ def test_explicit_nprobe_under_a_filter_is_not_widened_by_selectivity(tmp_path):
     where = pc.field("g") == 3
     narrow = _recall(t, x, g == 3, queries, where, nprobe=2)
     assert narrow < _recall(t, x, g == 3, queries, where)
+
+
+# -- a recall target under a selective filter, on many clustered appends -------------
+def test_recall_target_holds_under_a_selective_filter(tmp_path):
+    t, queries = _many_clusters(str(tmp_path / "t"))
+    assert _recall_vs_every_cell(t, queries) >= 0.95                  # unfiltered: holds
+    assert _recall_vs_every_cell(t, queries, pc.field("g") == 3, recall_target=0.99) >= 0.95

@@ -210,3 +210,39 @@ def test_concurrent_first_appends_agree_on_one_grid(tmp_path):
     assert t.count_rows() == 2000
     assert {e["grid"] for e in t.superfiles()} == {t.properties["grid"]["sha256"]}
     assert _recall(t, x, x[:20] + 0.05) >= 0.9
+
+
+def test_append_of_row_dicts_refuses_a_misspelled_key_in_a_later_row(local_uri):
+    """``Table.from_pylist`` takes its columns from the first row only, so a key the
+    schema lacks in any later row vanishes silently (``y`` becomes null)."""
+    from beam_supertable import SchemaMismatchError
+
+    t = Supertable.create(local_uri, pa.schema([("x", pa.int64()), ("y", pa.int64())]))
+    with pytest.raises(SchemaMismatchError, match="yy"):
+        t.append([{"x": 1, "y": 1}, {"x": 2, "yy": 5}])
+    assert t.refresh().count_rows() == 0
+
+
+@pytest.mark.parametrize("call", ["upsert", "append"])
+def test_row_dicts_with_an_int_beyond_64_bits_name_column_and_row(tmp_path, call):
+    """``upsert``/``append`` of row dicts holding 2**70 raised a bare OverflowError
+    ("Python int too large to convert to C long") naming nothing."""
+    t = Supertable.create(str(tmp_path / "t"), pa.schema([("id", pa.int64()), ("n", pa.int32())]),
+                          primary_key="id")
+    t.upsert([{"id": 7, "n": 7}])
+    with pytest.raises(SchemaMismatchError, match=r"column 'id', row 1"):
+        getattr(t, call)([{"id": 1, "n": 1}, {"id": 2**70, "n": 1}])
+    assert Supertable.open(str(tmp_path / "t")).to_arrow(columns=["id", "n"]).to_pylist() == [
+        {"id": 7, "n": 7}]
+
+
+KEYED_SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()),
+                          ("emb", pa.list_(pa.float32(), 4))])
+
+
+def test_append_without_the_vector_column_names_it(tmp_path):
+    from beam_supertable import SchemaMismatchError
+    t = Supertable.create(str(tmp_path / "t"), KEYED_SCHEMA, vector_column="emb")
+    with pytest.raises(SchemaMismatchError, match="vector column 'emb' is missing"):
+        t.append(pa.table({"id": [1], "name": ["x"]}))
+    assert Supertable.open(str(tmp_path / "t")).version == 0

@@ -304,3 +304,31 @@ def test_a_restarted_streaming_job_with_the_same_job_id_commits_its_panes(tmp_pa
     t = Supertable.open(uri)
     assert sorted(t.to_arrow()["n"].to_pylist()) == list(range(80))
     assert [h["metadata"]["job"] for h in t.history()[1:]] == ["stream", "stream"]
+
+
+@pytest.mark.slow
+def test_a_rerun_of_a_bounded_job_after_129_tokened_commits_is_deduplicated(tmp_path):
+    """README: "a rerun of the same job (same job_id) never commits twice". The rerun's
+    ``base_version`` is the table version at the rerun's plan, after the token landed,
+    so once 129 tokened commits (a streaming writer's firings, say) pushed the token out
+    of ``recent_tokens`` the rerun commits the same rows a second time."""
+    import apache_beam as beam
+
+    from beam_supertable import WriteToSupertable
+
+    uri = str(tmp_path / "t")
+    schema = pa.schema([("n", pa.int64()), ("body", pa.string())])
+    rows = [{"n": i, "body": f"b{i}"} for i in range(20)]
+
+    def load():
+        p = beam.Pipeline()
+        _ = p | beam.Create(rows, reshuffle=False) | WriteToSupertable(
+            uri, schema=schema, job_id="load-1")
+        p.run().wait_until_finish()
+
+    load()
+    other = Supertable.open(uri)
+    for i in range(129):
+        other.append(pa.table({"n": [1000 + i], "body": ["s"]}), token=f"stream/{i}")
+    load()
+    assert Supertable.open(uri).count_rows(pc.field("n") < 1000) == 20

@@ -481,3 +481,266 @@ def test_keys_sharing_a_state_shard_equal_the_reference(raw, shards):
 def test_state_shards_is_validated_at_construction():
     with pytest.raises(ValueError, match="state_shards must be a positive int, got 0"):
         UpsertToSupertable("memory://x", state_shards=0)
+
+
+# -- reruns and the frontier -------------------------------------------------------
+CSCHEMA = pa.schema([("a", pa.string()), ("b", pa.int64()), ("name", pa.string())])
+
+
+def _rows(uri, cols):
+    t = Supertable.open(uri)
+    return sorted(t.to_arrow(columns=cols).to_pylist(), key=lambda r: tuple(r[c] for c in cols))
+
+
+def _ids(res):
+    return res["id"].to_pylist()
+
+
+TWO_LIVE_KEYS_BATCH = [  # leaves keys 1 and 2 live (EXPECT)
+    (1, _row(1, "a"), 1, 10),
+    (2, _row(2, "b"), 2, 10),
+    (2, _row(2, "b2"), 3, 11),
+    (3, _row(3, "c"), 4, 10),
+    (3, None, 5, 12),
+    (9, None, 6, 10),                    # delete of a key never written
+]
+
+
+EXPECT = [{"id": 1, "name": "a"}, {"id": 2, "name": "b2"}]
+
+
+@pytest.mark.parametrize("flavor", ["grouped", "stateful"])
+def test_bounded_rerun_same_job_id_writes_nothing(tmp_path, flavor):
+    uri = str(tmp_path / "t")
+    create = dict(schema=SCHEMA, primary_key="id", flavor=flavor, job_id="job-1")
+    _run(uri, TWO_LIVE_KEYS_BATCH, **create)
+    t = Supertable.open(uri)
+    v, frontier = t.version, t.frontier
+    assert frontier == 12 * S + 1
+    assert _rows(uri, ["id", "name"]) == EXPECT
+    _run(uri, TWO_LIVE_KEYS_BATCH, expect_commits=[], **create)
+    t = Supertable.open(uri)
+    assert (t.version, t.frontier) == (v, frontier)
+    assert _rows(uri, ["id", "name"]) == EXPECT
+    assert t.count_rows() == 2
+
+
+@pytest.mark.parametrize("flavor", ["grouped", "stateful"])
+def test_only_deletes_of_unknown_keys_and_commands_below_frontier(tmp_path, flavor):
+    uri = str(tmp_path / "t")
+    create = dict(schema=SCHEMA, primary_key="id", flavor=flavor)
+    _run(uri, TWO_LIVE_KEYS_BATCH, **create)
+    v = Supertable.open(uri).version
+    # Below the frontier: all dropped, nothing committed.
+    _run(uri, [(1, _row(1, "old"), 1, 5), (7, _row(7, "x"), 2, 12)], expect_commits=[], **create)
+    assert Supertable.open(uri).version == v
+    assert _rows(uri, ["id", "name"]) == EXPECT
+    # Only deletes of keys the table never held, above the frontier.
+    _run(uri, [(50, None, 1, 30), (51, None, 2, 31)], **create)
+    t = Supertable.open(uri)
+    assert _rows(uri, ["id", "name"]) == EXPECT
+    assert t.frontier in (12 * S + 1, 31 * S + 1)
+
+
+@pytest.mark.parametrize("flavor", ["grouped", "stateful"])
+def test_mixed_batch_below_and_above_the_frontier(tmp_path, flavor):
+    uri = str(tmp_path / "t")
+    create = dict(schema=SCHEMA, primary_key="id", flavor=flavor)
+    _run(uri, TWO_LIVE_KEYS_BATCH, **create)
+    mixed = [(1, _row(1, "stale"), 1, 11), (1, _row(1, "new"), 2, 20),
+             (2, None, 3, 12), (4, _row(4, "d"), 4, 13)]
+    _run(uri, mixed, expect_commits=[(2, False)], **create)
+    t = Supertable.open(uri)
+    assert t.frontier == 20 * S + 1
+    assert _rows(uri, ["id", "name"]) == [{"id": 1, "name": "new"}, {"id": 2, "name": "b2"},
+                                          {"id": 4, "name": "d"}]
+    _run(uri, mixed, expect_commits=[], **create)
+    assert Supertable.open(uri).version == t.version
+
+
+@pytest.mark.parametrize("flavor", ["grouped", "stateful"])
+def test_commands_at_the_frontier_boundary(tmp_path, flavor):
+    from apache_beam.utils.timestamp import Timestamp
+    uri = str(tmp_path / "t")
+    create = dict(schema=SCHEMA, primary_key="id", flavor=flavor)
+    _run(uri, TWO_LIVE_KEYS_BATCH, **create)
+    f = Supertable.open(uri).frontier
+    items = [(1, _row(1, "just below"), 1, Timestamp(micros=f - 1)),
+             (2, _row(2, "at"), 2, Timestamp(micros=f))]
+    _run(uri, items, expect_commits=[(1, False)], **create)
+    t = Supertable.open(uri)
+    assert t.frontier == f + 1
+    assert _rows(uri, ["id", "name"]) == [{"id": 1, "name": "a"}, {"id": 2, "name": "at"}]
+
+
+@pytest.mark.parametrize("flavor", ["grouped", "stateful"])
+def test_commands_without_timestamps_then_rerun(tmp_path, flavor):
+    """beam.Create without timestamps stamps every command at Beam's minimum time."""
+    uri = str(tmp_path / "t")
+    cmds = [UpsertCommand(1, _row(1, "a"), 1), UpsertCommand(2, _row(2, "b"), 2),
+            UpsertCommand(2, _row(2, "b2"), 3)]
+    for attempt in range(2):
+        p = TestPipeline()
+        _ = (p | beam.Create(cmds)
+             | UpsertToSupertable(uri, schema=SCHEMA, primary_key="id", flavor=flavor))
+        p.run().wait_until_finish()
+        t = Supertable.open(uri)
+        if attempt == 0:
+            v = t.version
+        assert t.version == v
+        assert _rows(uri, ["id", "name"]) == [{"id": 1, "name": "a"}, {"id": 2, "name": "b2"}]
+
+
+@pytest.mark.parametrize("flavor", ["grouped", "stateful"])
+def test_composite_key_rerun_and_delete(tmp_path, flavor):
+    uri = str(tmp_path / "t")
+    items = [
+        (("x", 1), {"a": "x", "b": 1, "name": "x1"}, 1, 10),
+        (("x", 2), {"a": "x", "b": 2, "name": "x2"}, 2, 10),
+        (("y", 1), {"a": "y", "b": 1, "name": "y1"}, 3, 10),
+        (("x", 2), None, 4, 11),
+        (("z", 9), None, 5, 11),
+    ]
+    create = dict(schema=CSCHEMA, primary_key=["a", "b"], flavor=flavor, job_id="c")
+    _run(uri, items, **create)
+    want = [{"a": "x", "b": 1, "name": "x1"}, {"a": "y", "b": 1, "name": "y1"}]
+    assert _rows(uri, ["a", "b", "name"]) == want
+    v = Supertable.open(uri).version
+    _run(uri, items, expect_commits=[], **create)
+    assert Supertable.open(uri).version == v
+    assert _rows(uri, ["a", "b", "name"]) == want
+    later = [(("x", 1), {"a": "x", "b": 1, "name": "x1b"}, 6, 20), (("y", 1), None, 7, 20)]
+    _run(uri, later, **create)
+    assert _rows(uri, ["a", "b", "name"]) == [{"a": "x", "b": 1, "name": "x1b"}]
+
+
+# -- invalid commands ----------------------------------------------------------------
+@pytest.mark.parametrize("flavor", ["grouped", "stateful"])
+def test_bad_commands_go_to_invalid_and_good_ones_land(tmp_path, flavor):
+    uri = str(tmp_path / "t")
+    items = [
+        (1, _row(1, "ok"), 1, 10),
+        ("1", _row(1, "str key"), 2, 10),                 # key of the wrong type
+        (2, {"id": 2, "name": 5, "emb": [1.0, 1, 0, 0]}, 3, 10),   # name not a string
+        (3, {"name": "no id", "emb": [1.0, 1, 0, 0]}, 4, 10),      # key column missing
+        (4, _row(4, "offset nan"), float("nan"), 10),
+        (5, _row(5, "ok5"), 5, 10),
+        (5, _row(5, "bad offset class"), "x", 10),        # offsets of two classes at a key
+    ]
+    p = TestPipeline()
+    result = (p | beam.Create([TimestampedValue(UpsertCommand(k, r, o), t)
+                               for k, r, o, t in items])
+              | UpsertToSupertable(uri, schema=SCHEMA, primary_key="id", flavor=flavor)
+              .with_invalid_output())
+
+    def check(got):
+        assert len(got) >= 4, got
+        for needle in ("str key", "offset nan", "no id"):
+            assert any(needle in r for r in got), (needle, got)
+    assert_that(result.invalid | beam.Map(lambda i: repr(i.element)), check)
+    p.run().wait_until_finish()
+    names = {r["id"]: r["name"] for r in _rows(uri, ["id", "name"])}
+    assert names.get(1) in ("ok", None) and 2 not in names and 3 not in names and 4 not in names
+    assert names.get(1) == "ok", names
+
+
+@pytest.mark.parametrize("flavor", ["grouped", "stateful"])
+def test_rows_without_a_vector_on_a_vector_table(tmp_path, flavor):
+    """A row lacking the indexed vector (or with a NaN in it) goes to invalid; it
+    failed the job in the build step (conform filled the missing vector column
+    with nulls, so validation let the row through)."""
+    uri = str(tmp_path / "t")
+    items = [(1, _row(1, "ok"), 1, 10),
+             (2, {"id": 2, "name": "no vector"}, 2, 10),
+             (3, {"id": 3, "name": "nan", "emb": [float("nan"), 0.0, 0.0, 0.0]}, 3, 10)]
+    p = TestPipeline()
+    result = (p | beam.Create([TimestampedValue(UpsertCommand(k, r, o), t)
+                               for k, r, o, t in items])
+              | UpsertToSupertable(uri, schema=SCHEMA, primary_key="id", vector_column="emb",
+                                   flavor=flavor).with_invalid_output())
+    invalid = result.invalid | beam.Map(lambda i: i.element[0])
+    assert_that(invalid, equal_to([2, 3]))
+    p.run().wait_until_finish()
+    t = Supertable.open(uri)
+    assert 1 in [r["id"] for r in t.to_arrow(columns=["id"]).to_pylist()]
+    assert _ids(t.search(vector=[1.0, 1.0, 0.0, 0.5], k=5, columns=["id"]))[0] == 1
+
+
+def test_upsert_to_supertable_sends_out_of_range_integers_to_invalid(table_location):
+    """An int64 key or column value too large for its column is a malformed element.
+
+    pyarrow raises OverflowError (an ArithmeticError, not a ValueError): it
+    escaped the validation and failed the whole job.
+    """
+    uri, options = table_location
+    schema = pa.schema([("id", pa.int64()), ("n", pa.int32()), ("name", pa.string())])
+    commands = [
+        TimestampedValue(UpsertCommand(1, {"id": 1, "n": 1, "name": "kept"}, 1), 10),
+        TimestampedValue(UpsertCommand(2**70, {"id": 2**70, "n": 1, "name": "x"}, 2), 10),
+        TimestampedValue(UpsertCommand(3, {"id": 3, "n": 2**40, "name": "y"}, 3), 10),
+        TimestampedValue(UpsertCommand(2**64, None, 4), 10),
+    ]
+    p = TestPipeline()
+    result = (p | beam.Create(commands)
+              | UpsertToSupertable(uri, schema=schema, primary_key="id",
+                                   storage_options=options).with_invalid_output())
+    assert_that(result.invalid | beam.Map(lambda i: (i.element.offset, "2**" in i.reason
+                                                      or str(i.element.key) in i.reason
+                                                      or "'n'" in i.reason)),
+                equal_to([(2, True), (3, True), (4, True)]), label="Invalid")
+    assert_that(result.commits | beam.Map(lambda c: c.rows), equal_to([1]), label="Commits")
+    p.run().wait_until_finish()
+    table = Supertable.open(uri, storage_options=options)
+    assert table.to_arrow(columns=["id", "n", "name"]).to_pylist() == [
+        {"id": 1, "n": 1, "name": "kept"}]
+
+
+# -- the table written ---------------------------------------------------------------
+TSCHEMA = pa.schema([("id", pa.int64()), ("body", pa.string()),
+                     ("emb", pa.list_(pa.float32(), D))])
+
+
+@pytest.mark.parametrize("flavor", ["grouped", "stateful"])
+def test_replaced_rows_leave_text_and_vector_search(tmp_path, flavor):
+    uri = str(tmp_path / "t")
+    create = dict(schema=TSCHEMA, primary_key="id", vector_column="emb",
+                  fts_columns=("body",), flavor=flavor)
+
+    def row(i, body):
+        return {"id": i, "body": body, "emb": [float(i), 1.0, 0.0, 0.0]}
+    _run(uri, [(i, row(i, f"old{i} common"), i, 10) for i in range(6)], **create)
+    _run(uri, [(1, row(1, "new1 common"), 10, 20), (2, None, 11, 20)], **create)
+    again = Supertable.open(uri)
+    for t in (again, Supertable.open(uri)):
+        assert t.search(text="old1", k=10).num_rows == 0
+        assert t.search(text="old2", k=10).num_rows == 0
+        assert _ids(t.search(text="new1", k=10, columns=["id"])) == [1]
+        assert sorted(_ids(t.search(text="common", k=10, columns=["id"]))) == [0, 1, 3, 4, 5]
+        hits = _ids(t.search(vector=[1.0, 1.0, 0.0, 0.0], k=10, columns=["id"],
+                             recall_target=1.0))
+        assert sorted(hits) == [0, 1, 3, 4, 5]
+
+
+@pytest.mark.parametrize("flavor", ["grouped", "stateful"])
+def test_small_batch_limits_give_the_same_table(tmp_path, monkeypatch, flavor):
+    """Every flush path (validation batches, shard lists, lookup batches, Arrow
+    batches) taken many times gives the table the default limits give."""
+    import beam_supertable.upsert_write as uw
+    items = [(k % 23, _row(k % 23, f"n{k}") if k % 5 else None, k, 10 + k % 4)
+             for k in range(120)]
+    _run(str(tmp_path / "big"), items, schema=SCHEMA, primary_key="id", flavor=flavor)
+    for name in ("VALIDATE_BATCH_ROWS", "SHARD_PART_COMMANDS", "LOOKUP_BATCH_KEYS",
+                 "ARROW_BATCH_ROWS"):
+        monkeypatch.setattr(uw, name, 2)
+    small = str(tmp_path / "small")
+    _run(small, items, schema=SCHEMA, primary_key="id", flavor=flavor)
+    assert _rows(small, ["id", "name"]) == _rows(str(tmp_path / "big"), ["id", "name"])
+    last = {}
+    for k, r, o, t in sorted(items, key=lambda c: (c[3], c[2])):
+        last[k] = r
+    assert _rows(small, ["id", "name"]) == sorted(
+        ({"id": k, "name": r["name"]} for k, r in last.items() if r is not None),
+        key=lambda r: r["id"])
+    t = Supertable.open(small)
+    assert t.frontier == Supertable.open(str(tmp_path / "big")).frontier
+    assert t.count_rows() == len({r["id"] for r in t.to_arrow(columns=["id"]).to_pylist()})

@@ -238,3 +238,42 @@ def test_batches_whose_types_do_not_merge_are_refused_not_fatal():
 
     assert_that(result.invalid, check, label="invalid")
     p.run().wait_until_finish()
+
+
+def test_columnar_nan_key_is_refused_like_the_row_api():
+    """The row API refuses a NaN key (check_key); the columnar path keeps it and, as
+    NaN != NaN, treats every NaN row as a new key: +a and +b, never a retraction."""
+    from beam_upsert import upsert_table
+    from beam_upsert.model import check_key
+
+    assert check_key(float("nan")) is not None
+    cmd = pa.table({"key": [float("nan"), float("nan"), 1.0], "value": ["a", "b", "c"],
+                    "offset": [1, 2, 1], "time": [1, 2, 1]})
+    result = upsert_table(cmd, with_invalid=True)
+    assert result.changes.to_pylist() == [{"key": 1.0, "value": "c", "diff": 1, "time": 1}]
+    assert len(result.invalid) == 2
+
+
+def test_columnar_keys_minus_zero_and_zero_are_two_keys_as_in_the_row_api():
+    """Beam groups keys by their encoded bytes: -0.0 and 0.0 are two keys there, and
+    the columnar path (which documents the row API's rules) merges them into one."""
+    from beam_upsert import upsert_table
+    from beam_upsert.prepare import KEY_CODER
+
+    assert KEY_CODER.encode(-0.0) != KEY_CODER.encode(0.0)
+    cmd = pa.table({"key": [-0.0, 0.0], "value": ["a", "b"], "offset": [1, 2],
+                    "time": [1, 2]})
+    changes = upsert_table(cmd)
+    assert [c["diff"] for c in changes.to_pylist()] == [1, 1]
+
+
+def test_columnar_sub_microsecond_time_refuses_the_row_not_the_table():
+    """``time`` may be "any timestamp type"; one ns-precision row makes the safe cast to
+    µs raise ArrowInvalid for the whole table instead of going to ``invalid``."""
+    from beam_upsert import upsert_table
+
+    cmd = pa.table({"key": [1, 2], "value": ["a", "b"], "offset": [1, 1],
+                    "time": pa.array([1000, 1001], pa.timestamp("ns"))})
+    result = upsert_table(cmd, with_invalid=True)
+    assert [c["key"] for c in result.changes.to_pylist()] == [1]
+    assert len(result.invalid) == 1

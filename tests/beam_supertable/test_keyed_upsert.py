@@ -1,6 +1,8 @@
-"""Keyed tables: primary keys, upsert, keyed append, deletes on the latest version, frontier."""
+"""Keyed tables: the primary key, upsert, keyed append, deletes resolved on the latest
+version, the frontier."""
 
 import datetime
+import os
 import uuid
 
 import apache_beam as beam
@@ -9,16 +11,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-
-from beam_supertable import TokenReuseError
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from beam_supertable import (
-    CommitRequest, DuplicateKeyError, FrontierError, Manifest, ObjectStore, ReadFromSupertable,
-    SchemaMismatchError, Supertable)
+    DuplicateKeyError, FrontierError, ReadFromSupertable, SchemaMismatchError, Supertable,
+    TokenReuseError, UpsertToSupertable)
 
 D = 8
 SCHEMA = pa.schema([("id", pa.int64()), ("body", pa.string()), ("emb", pa.list_(pa.float32(), D))])
@@ -72,6 +72,17 @@ def test_create_records_and_validates_the_primary_key():
     with pytest.raises(SchemaMismatchError, match="more than once"):
         Supertable.create(_memory_uri(), SCHEMA, primary_key=["id", "id"])
 
+
+@pytest.mark.parametrize("key", [5, b"id", {"id"}])
+def test_a_primary_key_that_is_no_name_or_list_is_a_clear_error(tmp_path, key):
+    """``primary_key=5`` raised "TypeError: 'int' object is not iterable"; bytes
+    were split into numbers; a set has no column order."""
+    schema = pa.schema([("id", pa.int64())])
+    with pytest.raises(SchemaMismatchError, match=r"primary_key must be a column name"):
+        Supertable.create(str(tmp_path / "t"), schema, primary_key=key)
+    with pytest.raises(SchemaMismatchError, match=r"primary_key must be a column name"):
+        UpsertToSupertable(str(tmp_path / "u"), schema=schema, primary_key=key)
+    assert not os.path.exists(tmp_path / "t")
 
 # -- upsert ---------------------------------------------------------------------
 def test_upsert_replaces_rows_in_reads_and_search_and_keeps_old_versions(table_location):
@@ -224,29 +235,6 @@ def test_a_stale_handle_resolves_its_keys_on_the_winners_version(table_location)
     t = Supertable.open(uri, storage_options=options)
     assert _live(t) == {1: "first word1", 2: "second word2", 3: "second word3"}
     assert t.count_rows() == 3
-
-
-# -- the commit loop's rebuild hook ------------------------------------------------------
-def test_commit_rebuilds_the_request_on_every_base(tmp_path):
-    store = ObjectStore(str(tmp_path / "t"))
-    manifest = Manifest(store)
-    manifest.create(pa.schema([("x", pa.int64())]))
-    stale = manifest.load()
-    manifest.commit(CommitRequest(operation="other"))
-    seen = []
-
-    def rebuild(base):
-        seen.append(base.version)
-        return CommitRequest(operation="rebuilt", metadata={"on": base.version})
-
-    landed = manifest.commit(CommitRequest(operation="x"), base=stale, rebuild=rebuild)
-    assert seen == [0, 1]                   # lost the race on 0, rebuilt on 1
-    assert landed.version == 2 and landed.commit["metadata"] == {"on": 1}
-    assert landed.commit["operation"] == "rebuilt"
-    assert manifest.commit(CommitRequest(), rebuild=lambda base: None).version == 2
-    with pytest.raises(ValueError, match="must keep req.add_entries"):
-        manifest.commit(CommitRequest(add_entries=({"id": "a", "path": "data/a", "rows": 1},)),
-                        rebuild=lambda base: CommitRequest())
 
 
 # -- deletes resolved against the latest version ---------------------------------------
