@@ -11,7 +11,8 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from beam_supertable import ObjectStore, Supertable
+from beam_supertable import Supertable
+from beam_supertable.store import ObjectStore
 from beam_supertable import ids as ids_mod
 from beam_supertable.ids import CLAIMS, ROW_BITS, SEQUENCE_BITS, IdAllocator, claim_path
 

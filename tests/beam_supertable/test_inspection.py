@@ -10,7 +10,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from beam_supertable import Manifest, ObjectStore, Supertable
+from beam_supertable import Supertable
+from beam_supertable.manifest import Manifest
+from beam_supertable.store import ObjectStore
 from beam_supertable.inspection import inspect_table
 from beam_supertable.manifest import CommitRequest, version_path
 from beam_supertable.vector import grid as grid_mod

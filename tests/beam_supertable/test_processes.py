@@ -9,7 +9,9 @@ import sys
 import pyarrow as pa
 import pytest
 
-from beam_supertable import Manifest, ObjectStore, Supertable
+from beam_supertable import Supertable
+from beam_supertable.manifest import Manifest
+from beam_supertable.store import ObjectStore
 from beam_supertable.manifest import version_path
 from tests.conftest import s3_options
 

@@ -6,7 +6,8 @@ import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from beam_supertable import AlreadyExists, ObjectStore, UnsafeBackendError
+from beam_supertable import AlreadyExists, UnsafeBackendError
+from beam_supertable.store import ObjectStore
 
 
 @pytest.fixture

@@ -725,13 +725,18 @@ def test_replaced_rows_leave_text_and_vector_search(tmp_path, flavor):
 def test_small_batch_limits_give_the_same_table(tmp_path, monkeypatch, flavor):
     """Every flush path (validation batches, shard lists, lookup batches, Arrow
     batches) taken many times gives the table the default limits give."""
+    import beam_supertable._upsert_apply as uw_apply
+    import beam_supertable._upsert_table as uw_table
+    import beam_supertable._upsert_validate as uw_validate
     import beam_supertable.upsert_write as uw
     items = [(k % 23, _row(k % 23, f"n{k}") if k % 5 else None, k, 10 + k % 4)
              for k in range(120)]
     _run(str(tmp_path / "big"), items, schema=SCHEMA, primary_key="id", flavor=flavor)
-    for name in ("VALIDATE_BATCH_ROWS", "SHARD_PART_COMMANDS", "LOOKUP_BATCH_KEYS",
-                 "ARROW_BATCH_ROWS"):
-        monkeypatch.setattr(uw, name, 2)
+    # Each limit is patched where the stage that flushes by it reads it.
+    for module, name in ((uw_validate, "VALIDATE_BATCH_ROWS"), (uw_apply, "SHARD_PART_COMMANDS"),
+                         (uw_apply, "LOOKUP_BATCH_KEYS"), (uw, "ARROW_BATCH_ROWS")):
+        assert getattr(module, name) == getattr(uw_table, name)
+        monkeypatch.setattr(module, name, 2)
     small = str(tmp_path / "small")
     _run(small, items, schema=SCHEMA, primary_key="id", flavor=flavor)
     assert _rows(small, ["id", "name"]) == _rows(str(tmp_path / "big"), ["id", "name"])
