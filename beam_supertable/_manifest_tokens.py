@@ -41,7 +41,13 @@ class TokenIndex:
     ``_try_version`` and ``_snapshot``.
     """
 
-    def _find_token(self, token: str, base: Snapshot, since: Optional[int]) -> Optional[Snapshot]:
+    def _find_token(self, token: str, base: Snapshot, since: Optional[int],
+                    window: int = RECENT_TOKENS) -> Optional[Snapshot]:
+        """The version holding ``token`` at or below ``base``, else None.
+
+        ``window`` is how many tokens each version carries (the committer's
+        ``RECENT_TOKENS``): past it the token is looked for by its markers.
+        """
         if token in base.recent_tokens:
             # The recent window says it landed at or before base; find which.
             version = base.version
@@ -59,9 +65,9 @@ class TokenIndex:
                 f"vacuumed (the oldest retained is after {version}), so this commit on "
                 f"version {base.version} cannot be checked against it; use a fresh token",
                 token=token, landed_version=None, base_version=base.version)
-        if since is not None and since <= base.version - RECENT_TOKENS:
+        if since is not None and since <= base.version - window:
             # ``since`` itself may hold the token (a handle standing on its own commit).
-            for version in range(base.version - RECENT_TOKENS, since - 1, -1):
+            for version in range(base.version - window, since - 1, -1):
                 doc = self._try_version(version)
                 if doc is not None and doc.get("commit", {}).get("token") == token:
                     return self._snapshot(doc)

@@ -2,6 +2,13 @@
 
 from typing import Optional
 
+__all__ = [
+    "AlreadyExists", "CommitConflictError", "CommitFailedError", "CorruptManifestError",
+    "DuplicateKeyError", "FrontierError", "MemoryBudgetError", "NotATableError",
+    "SchemaMismatchError", "StoreIOError", "SupertableError", "TableExistsError",
+    "TokenReuseError", "UnsafeBackendError", "VersionNotFoundError",
+]
+
 
 class SupertableError(Exception):
     """Base of every error raised by beam_supertable."""

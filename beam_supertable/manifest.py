@@ -448,7 +448,8 @@ class Manifest(TokenIndex, Vacuum):
                         return mine
                 if req.token is not None:
                     step = f"looking for token {req.token!r}"
-                    landed = self._find_token(req.token, base, req.base_version)
+                    landed = self._find_token(req.token, base, req.base_version,
+                                              RECENT_TOKENS)
                     if landed is not None:
                         return self._landed(req, fingerprint, landed, base, attempted)
                 attempt_req = req
@@ -574,3 +575,8 @@ class Manifest(TokenIndex, Vacuum):
             _LOG.info("%s: reload failed (%s); loading afresh", self.store.uri, exc)
             return None
 
+
+# Defined in private modules; public under this module's name (repr, pickles).
+for _public in (CommitRequest, PartRef, Snapshot, VacuumPlan, VacuumReport,):
+    _public.__module__ = __name__
+del _public

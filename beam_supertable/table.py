@@ -31,7 +31,7 @@ from beam_supertable.vector import grid as grid_mod
 from beam_supertable.vector.metric import check_metric
 from beam_supertable.writer import (
     TARGET_SUPERFILE_BYTES, Layout)
-from beam_supertable._table_search import TableSearch
+from beam_supertable._table_search import THIN_MIN_FACTOR, TableSearch  # noqa: F401
 from beam_supertable._table_write import APPEND_MEMORY_FACTOR, TableWrites  # noqa: F401
 
 if TYPE_CHECKING:
@@ -385,8 +385,12 @@ class Supertable(TableWrites, TableSearch):
         hold one of the keys.
 
         Args:
-            token, metadata, frontier, max_retries, n_shards,
-                memory_budget_bytes: as for ``append``.
+            token: as for ``append``.
+            metadata: as for ``append``.
+            frontier: as for ``append``.
+            max_retries: as for ``append``.
+            n_shards: as for ``append``.
+            memory_budget_bytes: as for ``append``.
 
         Returns:
             The version holding the upsert (this handle moves to it).

@@ -8,6 +8,7 @@ neither loses nor doubles a row.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import Iterable, Union
 
@@ -19,9 +20,10 @@ STAGES = ("build", "commit")
 class FailFirstAttempt:
     """Fails the first attempt of each named stage, once per (stage, key).
 
-    Each failure is remembered by a marker file ``<stage>-<key>`` in
+    Each failure is remembered by a marker file ``<stage>-<sha256(key)>`` in
     ``folder``, created atomically, so every worker process of a job (and
-    every rerun) agrees that it happened.
+    every rerun) agrees that it happened, whatever characters or length the
+    key has.
 
     Example::
 
@@ -30,16 +32,18 @@ class FailFirstAttempt:
 
     Args:
         folder: an existing directory every worker can write.
-        stages: which of ``"build"`` and ``"commit"`` fail.
+        stages: which of ``"build"`` and ``"commit"`` fail (a list, or one name).
 
     Raises:
-        ValueError: an unknown stage or a folder that is not a directory.
+        ValueError: an unknown stage, no stage, or a folder that is not a directory.
     """
 
     def __init__(self, folder: Union[str, os.PathLike],
                  stages: Iterable[str] = STAGES) -> None:
         self.folder = os.fspath(folder)
-        self.stages = tuple(stages)
+        self.stages = (stages,) if isinstance(stages, str) else tuple(stages)
+        if not self.stages:
+            raise ValueError(f"FailFirstAttempt: stages must name at least one of {STAGES}")
         unknown = [s for s in self.stages if s not in STAGES]
         if unknown:
             raise ValueError(f"FailFirstAttempt: unknown stage(s) {unknown}; "
@@ -50,7 +54,8 @@ class FailFirstAttempt:
     def __call__(self, stage: str, key: str) -> None:
         if stage not in self.stages:
             return
-        marker = os.path.join(self.folder, f"{stage}-{key}".replace("/", "_"))
+        digest = hashlib.sha256(str(key).encode("utf-8")).hexdigest()
+        marker = os.path.join(self.folder, f"{stage}-{digest}")
         try:
             fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:

@@ -140,9 +140,9 @@ class WriteToSupertable(beam.PTransform):
                          commit_every=commit_every, job_id=job_id,
                          replica_factor=replica_factor, batch_rows=batch_rows,
                          grid_sample_rows=grid_sample_rows)
-        if on_stage is not None and not callable(on_stage):
-            raise TypeError(f"WriteToSupertable: on_stage must be callable or None, "
-                            f"got {on_stage!r}")
+        if on_stage is not None and (not callable(on_stage) or isinstance(on_stage, type)):
+            raise TypeError(f"WriteToSupertable: on_stage must be a callable (an instance, "
+                            f"not a class) or None, got {on_stage!r}")
         self._uri = uri
         self._options = storage_options
         self._n_shards = n_shards
@@ -253,3 +253,7 @@ class WriteToSupertable(beam.PTransform):
         }
 
 
+# Defined in private modules; public under this module's name (repr, pickles).
+for _public in (CommitResult, WriteResult,):
+    _public.__module__ = __name__
+del _public

@@ -65,3 +65,9 @@ __all__ = [
     "METADATA_COLUMN", "EnrichWithSupertable", "InvalidQueryError",
     "SupertableSearchEnrichmentHandler", "SupertableVectorWriterConfig", "chunk_schema", "join_fn",
 ]
+
+
+# Defined in private modules; public under this module's name (repr, pickles).
+for _public in (InvalidQueryError, chunk_schema, EnrichWithSupertable, SupertableSearchEnrichmentHandler, SupertableVectorWriterConfig, join_fn,):
+    _public.__module__ = __name__
+del _public

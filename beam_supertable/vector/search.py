@@ -33,7 +33,7 @@ import numpy as np
 from beam_supertable.vector import codes
 from beam_supertable.vector.calibrate import check_target
 from beam_supertable.vector._threads import SEARCH_THREADS, _pool, blas_controller, one_blas_thread  # noqa: F401
-from beam_supertable.vector.index import VectorIndex
+from beam_supertable.vector.index import EXACT_FIRST_RUNS, VectorIndex  # noqa: F401
 from beam_supertable.vector.metric import bisector_bounds, nearest
 
 RERANK_PER_K = 3                 # SQ8 candidates reranked exactly, per requested k

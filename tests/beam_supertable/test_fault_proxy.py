@@ -34,7 +34,9 @@ import pyarrow.compute as pc
 import pytest
 
 from beam_supertable import (
-    CommitRequest, Manifest, ObjectStore, StoreIOError, Supertable, SupertableError)
+    StoreIOError, Supertable, SupertableError)
+from beam_supertable.manifest import CommitRequest, Manifest
+from beam_supertable.store import ObjectStore
 from beam_supertable import deletes as dv
 from beam_supertable import store as store_mod
 from beam_supertable.manifest import VERSIONS, version_of

@@ -7,9 +7,9 @@ import pyarrow as pa
 import pytest
 
 from beam_supertable import (
-    AlreadyExists, CommitConflictError, CommitRequest, CorruptManifestError, Manifest,
-    ObjectStore)
-from beam_supertable.manifest import version_path
+    AlreadyExists, CommitConflictError, CorruptManifestError)
+from beam_supertable.manifest import CommitRequest, Manifest
+from beam_supertable.store import ObjectStore
 
 SCHEMA = pa.schema([("_id", pa.int64()), ("x", pa.int64())])
 

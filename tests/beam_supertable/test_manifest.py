@@ -6,9 +6,10 @@ import pyarrow as pa
 import pytest
 
 from beam_supertable import (
-    AlreadyExists, CommitConflictError, CommitFailedError, CommitRequest, CorruptManifestError,
-    Manifest, NotATableError, ObjectStore, SchemaMismatchError, Supertable, TableExistsError,
-    VersionNotFoundError)
+    AlreadyExists, CommitConflictError, CommitFailedError, CorruptManifestError,
+    NotATableError, SchemaMismatchError, Supertable, TableExistsError, VersionNotFoundError)
+from beam_supertable.manifest import CommitRequest, Manifest
+from beam_supertable.store import ObjectStore
 from beam_supertable.manifest import HINT, PART_FANOUT, version_path
 from tests.beam_supertable.conftest import SMALL_SCHEMA as SCHEMA
 from tests.beam_supertable.conftest import small_entry as _entry

@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from beam_supertable import (
-    CommitConflictError, CommitRequest, OptimizePlan, ReadFromSupertable, Supertable)
+    CommitConflictError, OptimizePlan, ReadFromSupertable, Supertable)
+from beam_supertable.manifest import CommitRequest
 from beam_supertable.optimize import commit_optimize, plan_optimize, rewrite_group
 
 D = 8

@@ -6,7 +6,9 @@ import pyarrow.compute as pc
 import pytest
 
 from beam_supertable import (
-    CommitRequest, Manifest, ObjectStore, Supertable, SupertableError, TokenReuseError)
+    Supertable, SupertableError, TokenReuseError)
+from beam_supertable.manifest import CommitRequest, Manifest
+from beam_supertable.store import ObjectStore
 from tests.beam_supertable.conftest import small_entry as _entry
 
 

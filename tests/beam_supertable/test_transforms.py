@@ -1,10 +1,8 @@
 """WriteToSupertable / ReadFromSupertable on real Beam pipelines."""
 
-import json
 import os
 import subprocess
 import sys
-import uuid
 
 import apache_beam as beam
 import numpy as np

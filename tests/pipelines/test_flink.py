@@ -8,7 +8,6 @@ process; the standalone-cluster tests live in ``test_flink_cluster.py``.
 
 import glob
 import json
-import os
 import random
 
 import apache_beam as beam
