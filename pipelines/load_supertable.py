@@ -11,9 +11,7 @@ arguments it loads the sample ``examples/chunks.jsonl`` into ``out/chunks``.
 
 from __future__ import annotations
 
-import logging
 import os
-import sys
 from typing import Any, Dict, List, NamedTuple, Optional
 
 import apache_beam as beam
@@ -25,7 +23,8 @@ from beam_supertable.transforms import NAMESPACE as TABLE_NAMESPACE
 from beam_supertable.transforms import WriteToSupertable
 from beam_supertable.vector.metric import METRICS
 from pipelines.options import (
-    add_job_argument, counter_totals, job_options, split_columns)
+    add_job_argument, counter_totals, job_argv, job_options, local_parents, main, run_pipeline,
+    split_columns)
 from pipelines.options import dead_letters_path as _dead_letters_path
 from pipelines.file_rows import (
     BAD_TAG, FORMATS, coerce_row, dead_letter, format_of, infer_schema, parse_schema, read_rows)
@@ -168,15 +167,11 @@ def summarize(result) -> dict:
 
 
 def run(argv: Optional[List[str]] = None) -> dict:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    options, job = job_options(argv, LoadSupertableOptions, "python -m pipelines.load_supertable", __doc__, raw_description=True)
-    if "://" not in job.table:
-        os.makedirs(os.path.dirname(os.path.abspath(job.table)), exist_ok=True)
-    os.makedirs(os.path.dirname(os.path.abspath(dead_letters_path(job))), exist_ok=True)
-    p = beam.Pipeline(options=options)
-    build(p, job)
-    result = p.run()
-    result.wait_until_finish()
+    options, job = job_options(job_argv(argv), LoadSupertableOptions,
+                               "python -m pipelines.load_supertable", __doc__,
+                               raw_description=True)
+    local_parents(job.table, dead_letters_path(job))
+    result = run_pipeline(options, build, job)
     counts = summarize(result)
     counts["version"] = Supertable.open(job.table).version
     counts["invalid"] = counts.get("unparseable", 0) + counts.get("invalid_rows", 0)
@@ -189,5 +184,4 @@ def run(argv: Optional[List[str]] = None) -> dict:
 
 
 if __name__ == "__main__":
-    logging.getLogger().setLevel(logging.WARNING)
-    run()
+    main(run)

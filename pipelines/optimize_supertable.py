@@ -17,8 +17,6 @@ Beam option (``--runner=FlinkRunner`` ...) is accepted too.
 from __future__ import annotations
 
 import json
-import logging
-import sys
 from typing import List, Optional
 
 import apache_beam as beam
@@ -29,7 +27,9 @@ from beam_supertable import Supertable
 from beam_supertable.optimize import (
     DEFAULT_TARGET_FILE_BYTES, OptimizePlan, commit_optimize, plan_optimize, rewrite_group)
 from pipelines.io_formats import JOB_NAMESPACE
-from pipelines.options import add_job_argument, counter_totals, job_options
+from pipelines.options import (
+    add_job_argument, counter_totals, job_argv, job_options, main,
+    run_pipeline)
 
 
 class OptimizeSupertableOptions(PipelineOptions):
@@ -97,8 +97,7 @@ def build(p: beam.Pipeline, uri: str, plan: OptimizePlan) -> beam.PCollection:
 
 def run(argv: Optional[List[str]] = None) -> dict:
     """Runs the job; returns ``{"version": ..., "plan": ...}`` (version None: nothing to do)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    options, job = job_options(argv, OptimizeSupertableOptions,
+    options, job = job_options(job_argv(argv), OptimizeSupertableOptions,
                                "python -m pipelines.optimize_supertable", __doc__,
                                raw_description=True)
     if not job.table:
@@ -111,10 +110,7 @@ def run(argv: Optional[List[str]] = None) -> dict:
         print(f"optimize_supertable: {'dry run' if job.dry_run else 'nothing to do'}: "
               f"{json.dumps({k: v for k, v in plan.to_dict().items() if k != 'groups'})}")
         return summary
-    p = beam.Pipeline(options=options)
-    build(p, job.table, plan)
-    result = p.run()
-    result.wait_until_finish()
+    result = run_pipeline(options, build, job.table, plan)
     table.refresh()
     summary["version"] = table.version
     summary["counters"] = counter_totals(result, (JOB_NAMESPACE,))
@@ -126,5 +122,4 @@ def run(argv: Optional[List[str]] = None) -> dict:
 
 
 if __name__ == "__main__":
-    logging.getLogger().setLevel(logging.WARNING)
-    run()
+    main(run)

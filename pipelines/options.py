@@ -12,9 +12,12 @@ skipped in the shared parser: every job declares its flags through
 from __future__ import annotations
 
 import argparse
+import logging
 import os
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+import sys
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
+import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines import flink
@@ -73,3 +76,34 @@ def dead_letters_path(table: str, given: Optional[str], job_name: str) -> str:
     if "://" not in table:
         return table.rstrip("/\\") + ".invalid.jsonl"
     return os.path.join("out", f"{job_name}.invalid.jsonl")
+
+
+def local_parents(*paths: Optional[str]) -> None:
+    """Creates the folders that local ``paths`` will be written into (URIs are left alone)."""
+    for path in paths:
+        if path and "://" not in path:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+
+
+def run_pipeline(options: PipelineOptions, build: Callable[..., Any], *args: Any) -> Any:
+    """Builds a job's pipeline with ``build(pipeline, *args)`` and runs it to the end.
+
+    Returns:
+        The finished ``PipelineResult`` (its counters for the job's summary).
+    """
+    p = beam.Pipeline(options=options)
+    build(p, *args)
+    result = p.run()
+    result.wait_until_finish()
+    return result
+
+
+def job_argv(argv: Optional[List[str]]) -> List[str]:
+    """The job's arguments: ``argv``, or the command line's."""
+    return list(sys.argv[1:] if argv is None else argv)
+
+
+def main(run: Callable[[], Any]) -> None:
+    """A job's ``python -m`` entry point: the SDK's INFO logging off, then ``run()``."""
+    logging.getLogger().setLevel(logging.WARNING)
+    run()

@@ -22,10 +22,8 @@ arguments it answers ``examples/queries.jsonl`` from ``out/chunks`` (the table
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
-import sys
 from typing import Any, List, Optional
 
 import apache_beam as beam
@@ -37,7 +35,9 @@ from beam_supertable import Supertable
 from beam_supertable.rag import (
     DEFAULT_MAX_BATCH_SIZE, ENRICHMENT_KEY, MODES, EnrichWithSupertable,
     SupertableSearchEnrichmentHandler)
-from pipelines.options import add_job_argument, counter_totals, job_options
+from pipelines.options import (
+    add_job_argument, counter_totals, job_argv, job_options, local_parents, main,
+    run_pipeline)
 from pipelines.file_rows import (
     BAD_TAG, FORMATS, dead_letter, finite_vector, format_of, read_rows)
 from pipelines.io_formats import JOB_NAMESPACE, to_json
@@ -220,13 +220,11 @@ def summarize(result) -> dict:
 
 
 def run(argv: Optional[List[str]] = None) -> dict:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    options, job = job_options(argv, SearchSupertableOptions, "python -m pipelines.search_supertable", __doc__, raw_description=True)
-    os.makedirs(os.path.dirname(os.path.abspath(job.output)), exist_ok=True)
-    p = beam.Pipeline(options=options)
-    build(p, job)
-    result = p.run()
-    result.wait_until_finish()
+    options, job = job_options(job_argv(argv), SearchSupertableOptions,
+                               "python -m pipelines.search_supertable", __doc__,
+                               raw_description=True)
+    local_parents(job.output)
+    result = run_pipeline(options, build, job)
     counts = summarize(result)
     print(
         f"search_supertable: queries={counts.get('queries', 0)} "
@@ -236,5 +234,4 @@ def run(argv: Optional[List[str]] = None) -> dict:
 
 
 if __name__ == "__main__":
-    logging.getLogger().setLevel(logging.WARNING)
-    run()
+    main(run)

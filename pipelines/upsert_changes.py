@@ -6,9 +6,7 @@ arguments it runs on the sample in ``examples/`` and prints a summary.
 
 from __future__ import annotations
 
-import logging
 import os
-import sys
 from typing import List, Optional
 
 import apache_beam as beam
@@ -17,7 +15,9 @@ from apache_beam.utils.timestamp import Timestamp
 
 from beam_upsert import Upsert
 from beam_upsert.metrics import NAMESPACE
-from pipelines.options import add_job_argument, counter_totals, job_options
+from pipelines.options import (
+    add_job_argument, counter_totals, job_argv, job_options, local_parents, main,
+    run_pipeline)
 from pipelines.io_formats import (
     BAD_TAG, CHANGE_SCHEMA, JOB_NAMESPACE, ChangeToRow, ParseCommand, ParseSnapshot,
     change_to_parquet_row, is_parquet, read_rows, to_json)
@@ -88,13 +88,10 @@ def summarize(result) -> dict:
 
 
 def run(argv: Optional[List[str]] = None) -> dict:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    options, job = job_options(argv, UpsertChangesOptions, "python -m pipelines.upsert_changes", __doc__)
-    os.makedirs(os.path.dirname(os.path.abspath(job.output)), exist_ok=True)
-    p = beam.Pipeline(options=options)
-    build(p, job)
-    result = p.run()
-    result.wait_until_finish()
+    options, job = job_options(job_argv(argv), UpsertChangesOptions,
+                               "python -m pipelines.upsert_changes", __doc__)
+    local_parents(job.output)
+    result = run_pipeline(options, build, job)
     counts = summarize(result)
     print(
         f"upsert_changes: inserts={counts.get('inserts', 0)} "
@@ -107,5 +104,4 @@ def run(argv: Optional[List[str]] = None) -> dict:
 
 
 if __name__ == "__main__":
-    logging.getLogger().setLevel(logging.WARNING)
-    run()
+    main(run)

@@ -21,9 +21,7 @@ no arguments it applies the sample ``examples/commands.jsonl`` to the table
 from __future__ import annotations
 
 import json
-import logging
 import os
-import sys
 from typing import Any, List, Optional
 
 import apache_beam as beam
@@ -40,7 +38,8 @@ from pipelines.file_rows import (
     BAD_TAG, INFER_SAMPLE_ROWS, dead_letter, first_file, format_of, parse_schema)
 from pipelines.io_formats import JOB_NAMESPACE, command_row, parse_key, parse_time, to_json
 from pipelines.options import (
-    add_job_argument, counter_totals, job_options, split_columns)
+    add_job_argument, counter_totals, job_argv, job_options, local_parents, main, run_pipeline,
+    split_columns)
 from pipelines.options import dead_letters_path as _dead_letters_path
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
@@ -213,17 +212,11 @@ def summarize(result) -> dict:
 
 
 def run(argv: Optional[List[str]] = None) -> dict:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    options, job = job_options(argv, UpsertToSupertableOptions,
+    options, job = job_options(job_argv(argv), UpsertToSupertableOptions,
                                "python -m pipelines.upsert_to_supertable", __doc__,
                                raw_description=True)
-    if "://" not in job.table:
-        os.makedirs(os.path.dirname(os.path.abspath(job.table)), exist_ok=True)
-    os.makedirs(os.path.dirname(os.path.abspath(dead_letters_path(job))), exist_ok=True)
-    p = beam.Pipeline(options=options)
-    build(p, job)
-    result = p.run()
-    result.wait_until_finish()
+    local_parents(job.table, dead_letters_path(job))
+    result = run_pipeline(options, build, job)
     counts = summarize(result)
     table = Supertable.open(job.table, storage_options=json.loads(job.storage_options)
                             if job.storage_options else None)
@@ -240,5 +233,4 @@ def run(argv: Optional[List[str]] = None) -> dict:
 
 
 if __name__ == "__main__":
-    logging.getLogger().setLevel(logging.WARNING)
-    run()
+    main(run)
