@@ -247,6 +247,7 @@ class StatefulUpsertFn(beam.DoFn):
                 state = KeyState(prior)
             else:
                 state = KeyState(*_decode(stored))
+            was = state
             applied = apply_times(state, commands, key=key, late_ok=True,
                                   tombstones=retention > 0, forgotten_through=forgotten)
             state = applied.state
@@ -256,7 +257,8 @@ class StatefulUpsertFn(beam.DoFn):
                 expiry = tombstone_expiry(state.applied_through, retention)
                 if expiry > now:
                     values[encoded] = _encode(tuple(state))
-                    buried.setdefault(expiry, []).append(encoded)
+                    if state != was:   # a tombstone already indexed stays indexed
+                        buried.setdefault(expiry, []).append(encoded)
                 elif due_already is None or state.applied_through > due_already:
                     due_already = state.applied_through
             late += applied.late_applied
