@@ -23,9 +23,9 @@ and, for a deleted key, a *tombstone*: its last applied time and offset, so
 that a late command for it follows the offset rule (see
 :mod:`beam_upsert.model`). A tombstone is kept for ``tombstone_retention``
 of event time after its time, then dropped by a firing of the shard's timer
-at its expiry (expiries are rounded up to ``TOMBSTONE_EXPIRY_SLOT_US``, so a
-shard sets at most one expiry timer per second of event time, and a tombstone
-lives between the retention and the retention plus a second). The shard then
+at its expiry (expiries are rounded up to slots of a sixtieth of the
+retention, at least a second, so a shard sets about 60 expiry timers per
+retention at most, and a tombstone lives at most 1/60 longer). The shard then
 remembers one number, its *forget frontier* (the newest time of a tombstone
 it dropped): a command for a key holding neither value nor tombstone at or
 below it is too late and refused. ``tombstone_retention=0`` keeps no
@@ -65,8 +65,6 @@ COUNTS_TAG = "counts"
 # they expire (a listed key may have been written again since: an expiry
 # drops it only if it is still a tombstone that is due).
 BLOCK = "B"
-# The block of the layout before tombstones: its state is not carried over.
-OLD_BLOCK = "b"
 # Stash entries are stored encoded: the SDK's state cache measures the size
 # of what it holds by walking every object, which for a decoded shard block
 # (thousands of tuples) cost more than the upsert itself; a bytes entry is
@@ -84,15 +82,21 @@ DEFAULT_STATE_SHARDS = 64
 # order of Beam's usual allowed lateness), and it costs a few dozen bytes per
 # deleted key (docs/benchmarks.md).
 DEFAULT_TOMBSTONE_RETENTION_US = 3600 * 1_000_000
-# Expiries are rounded up to whole seconds: at most one expiry timer per
-# shard and second of event time, whole milliseconds for Flink's timers.
-TOMBSTONE_EXPIRY_SLOT_US = 1_000_000
+# Expiries are rounded up to slots of a sixtieth of the retention, whole
+# seconds and at least one: a shard sets at most about 60 expiry timers per
+# retention (each firing reads and rewrites the shard's block), a tombstone
+# lives at most 1/60 longer than the retention, and the times are whole
+# milliseconds for Flink's timers.
+TOMBSTONE_EXPIRY_SLOTS = 60
+TOMBSTONE_EXPIRY_SLOT_MIN_US = 1_000_000
 
 
 def tombstone_expiry(through: int, retention_micros: int) -> int:
-    """When a tombstone of time ``through`` may be dropped (micros, rounded up)."""
+    """When a tombstone of time ``through`` may be dropped (micros, rounded up to a slot)."""
+    second = TOMBSTONE_EXPIRY_SLOT_MIN_US
+    slot = max(second, retention_micros // TOMBSTONE_EXPIRY_SLOTS // second * second)
     end = through + retention_micros
-    return -(-end // TOMBSTONE_EXPIRY_SLOT_US) * TOMBSTONE_EXPIRY_SLOT_US
+    return -(-end // slot) * slot
 
 
 def check_layout(entry) -> None:
