@@ -18,10 +18,10 @@ from apache_beam.utils.timestamp import Timestamp
 from beam_supertable._upsert_table import DEL, GROUP_SHARDS, INVALID_TAG, LOOKUP_BATCH_KEYS, PUT, SHARD_PART_COMMANDS, _Handles, _STAMP_BLOCK, _STAMP_CMD, _Settings, _TIMES_TAG, _key_of, _key_table, _pinned, _stream_pin
 from beam_upsert.emit import step_kind
 from beam_upsert.metrics import UpsertCounters
-from beam_upsert.model import Invalid, KeyState, UpsertCommand, apply_times
+from beam_upsert.model import Invalid, KeyState, UpsertCommand, apply_times, too_late_reason
 from beam_upsert.prepare import decode_key
-from beam_upsert.stateful import (decode_entry,
-                                  encode_entry)
+from beam_upsert.stateful import (check_layout, decode_entry, encode_entry, expire_tombstones,
+                                  tombstone_expiry)
 
 
 class _ByShard(beam.DoFn):
@@ -132,24 +132,43 @@ class _ApplyStateful(beam.DoFn):
     append to the shard's stash and set one timer per (shard, time); a
     firing at ``t`` reads the stash once, applies every key's commands at or
     before ``t``, and rewrites the stash as one block
-    ``(BLOCK, values {key: KeyState}, pending {time: [[(offset, row, key)]]})``.
+    ``(BLOCK, values {key: KeyState}, pending {time: [[(offset, row, key)]]},
+    expiries {time: [[key]]}, forget frontier)`` (``beam_upsert.stateful``'s
+    block, without snapshot priors).
 
     A shard pins the table version it reads priors from, and the frontier
     below which commands are dropped, on its first command
     (:func:`_stream_pin`). A key's prior is read back from the pinned
-    version on its first firing (all of a firing's new keys in one lookup);
-    after that the shard holds the key's state, even without a value, so a
-    touched key never reads the table again (which our own commits may not
-    have reached yet).
+    version on its first firing (all of a firing's new keys in one lookup).
+    After that the shard holds the key's state: its value for as long as it
+    has one, and, once deleted, a tombstone (its last time and offset) for
+    ``tombstone_retention`` of event time, so a late command for it follows
+    the offset rule as in ``beam_upsert``'s stateful flavor.
+
+    A dropped tombstone's key is read back from the pinned version again if
+    a command names it later, and that version may predate our own delete of
+    it: the key may read back as holding a row it no longer holds. That
+    stale prior can only matter when the key ends holding the very row it
+    read: no step, so nothing would be written. So once a shard has dropped a
+    tombstone, a key read back from the table that ends holding the row it
+    read is written again (an idempotent replace); every other outcome
+    writes the key's final state anyway (a PUT or DEL resolves the key
+    against the version the commit lands on). Commands for such keys at or
+    below the shard's forget frontier (the newest time of a tombstone it
+    dropped) are refused as too late and never read the table.
+    ``tombstone_retention=0`` keeps, as before, every touched key's state
+    for ever (without tombstone offsets: a late command for a deleted key is
+    applied at its own time).
     """
 
     STASH = BagStateSpec("stash", coders.BytesCoder())
     PIN = ReadModifyWriteStateSpec("pin", coders.FastPrimitivesCoder())
     APPLY = TimerSpec("apply", TimeDomain.WATERMARK)
 
-    def __init__(self, settings: _Settings, run: str) -> None:
+    def __init__(self, settings: _Settings, run: str, tombstone_retention_micros: int) -> None:
         self._s = settings
         self._run = run
+        self._retention = tombstone_retention_micros
 
     def setup(self):
         self._counters = UpsertCounters()
@@ -187,14 +206,15 @@ class _ApplyStateful(beam.DoFn):
 
     @on_timer(APPLY)
     def apply_due(self, shard=beam.DoFn.KeyParam, tag=beam.DoFn.DynamicTimerTagParam,
-                  stash=beam.DoFn.StateParam(STASH), pinned=beam.DoFn.StateParam(PIN)):
+                  stash=beam.DoFn.StateParam(STASH), pinned=beam.DoFn.StateParam(PIN),
+                  apply=beam.DoFn.TimerParam(APPLY)):
         # The time comes from the tag, not the firing's timestamp: Flink keeps
         # timers in milliseconds, so a command at 1.0005 s would fire at
         # 1.000 s and never be due.
         now = int(tag)
         # A timer set again after this firing in the same bundle must be set anew.
         self._set.discard((shard, now))
-        values, pending, due, fresh = {}, {}, {}, {}
+        values, pending, due, fresh, expiries, forgotten = {}, {}, {}, {}, {}, None
         for raw in stash.read():
             entry = decode_entry(raw)
             if entry[0] == _STAMP_CMD:
@@ -203,43 +223,90 @@ class _ApplyStateful(beam.DoFn):
                     due.setdefault(key, []).append((time, offset, row))
                 else:
                     fresh.setdefault(time, []).append((offset, row, key))
+            elif entry[0] == _STAMP_BLOCK:
+                _, values, pending, expiries, forgotten = entry
             else:
-                _, values, pending = entry
+                check_layout(entry)
         due_times = [time for time in pending if time <= now]
-        if not due and not due_times:
+        if not due and not due_times and not any(at <= now for at in expiries):
             return  # an earlier firing of this shard already applied these times
         for time in due_times:
             for chunk in pending.pop(time):
                 for offset, row, key in decode_entry(chunk):
                     due.setdefault(key, []).append((time, offset, row))
         priors = self._priors([k for k in due if k not in values], self._pin(shard, pinned))
+        retention = self._retention
+        buried: Dict[int, list] = {}   # expiry time -> keys that are tombstones now
+        due_already = None             # tombstones due when made: dropped after the loop
         tally = [0, 0, 0]
         for encoded, commands in due.items():
             key = decode_key(encoded)
             held = values.get(encoded)
+            read_back = held is None
             state = KeyState(*decode_entry(held)) if held is not None \
                 else KeyState(priors.get(key))
-            applied = apply_times(state, commands, key=key, late_ok=True)
-            # A touched key keeps its state even without a value (unlike
-            # beam_upsert's), so it never reads a table our commits have not reached.
-            values[encoded] = encode_entry(tuple(applied.state))
+            refused = []
+            if read_back and forgotten is not None:
+                # The row read back may be one this job deleted and forgot:
+                # its commands at or below the forget frontier are too late
+                # whatever the table holds.
+                refused = [c for c in commands if c[0] <= forgotten]
+                if refused:
+                    commands = [c for c in commands if c[0] > forgotten]
+            applied = apply_times(state, commands, key=key, late_ok=True,
+                                  tombstones=retention > 0, forgotten_through=forgotten)
+            state = applied.state
+            if read_back and retention > 0 and state.applied_through is None:
+                pass    # nothing applied: the key stays unknown to the shard
+            elif retention == 0 or state.value is not None:
+                values[encoded] = encode_entry(tuple(state))
+            elif state.applied_through is not None:
+                expiry = tombstone_expiry(state.applied_through, retention)
+                if expiry > now:
+                    values[encoded] = encode_entry(tuple(state))
+                    if held is None or tuple(state) != decode_entry(held):
+                        buried.setdefault(expiry, []).append(encoded)
+                else:
+                    values.pop(encoded, None)
+                    if due_already is None or state.applied_through > due_already:
+                        due_already = state.applied_through
+            for time, offset, value in refused + list(applied.too_late):
+                self._counters.too_late.inc()
+                self._counters.invalid.inc()
+                yield pvalue.TaggedOutput(INVALID_TAG, Invalid(
+                    UpsertCommand(key, value, offset),
+                    too_late_reason(key, time, forgotten, retention)))
             for _, offset, value, reason in applied.invalid:
                 self._counters.invalid.inc()
                 yield pvalue.TaggedOutput(INVALID_TAG, Invalid(UpsertCommand(key, value, offset),
                                                                reason))
+            value = state.value
             if not applied.steps:
+                if read_back and forgotten is not None and value is not None \
+                        and state.applied_through is not None:
+                    # The row read back may be one our own commits deleted.
+                    yield window.TimestampedValue(
+                        (PUT, key, value), Timestamp(micros=state.applied_through))
                 continue
             for _, old, new in applied.steps:
                 tally[step_kind(old, new)] += 1
-            value = applied.state.value
             yield window.TimestampedValue(
                 (PUT, key, value) if value is not None else (DEL, key, None),
                 Timestamp(micros=applied.steps[-1][0]))
         self._counters.add_steps(tally)
         for time, commands in fresh.items():
             pending.setdefault(time, []).append(encode_entry(commands))
+        if due_already is not None and (forgotten is None or due_already > forgotten):
+            forgotten = due_already
+        if expiries:
+            forgotten = expire_tombstones(values, expiries, forgotten, now, retention)
+        for expiry, keys in buried.items():
+            expiries.setdefault(expiry, []).append(encode_entry(keys))
+            if (shard, expiry) not in self._set:
+                self._set.add((shard, expiry))
+                apply.set(Timestamp(micros=expiry), dynamic_timer_tag=str(expiry))
         stash.clear()
-        stash.add(encode_entry((_STAMP_BLOCK, values, pending)))
+        stash.add(encode_entry((_STAMP_BLOCK, values, pending, expiries, forgotten)))
 
     def _priors(self, encoded: List[bytes], pin: tuple) -> Dict[Any, dict]:
         """The live rows of keys first touched here, read back from the pinned version."""

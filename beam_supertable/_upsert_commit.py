@@ -90,6 +90,9 @@ class _CommitStream(beam.DoFn):
     checkpoint a restarted job restores from finds its token and commits
     nothing twice. Each commit records the version the run started on
     (``start_version``), where a stage pinning after a restore reads from.
+    A late change, in a slot the run committed already, is committed with
+    the first slot above the run's frontier (a slot's token names one
+    commit).
     """
 
     BUFFER = BagStateSpec("buffer", coders.FastPrimitivesCoder())
@@ -111,7 +114,7 @@ class _CommitStream(beam.DoFn):
 
     def process(self, element, ts=beam.DoFn.TimestampParam,
                 buffer=beam.DoFn.StateParam(BUFFER), pinned=beam.DoFn.StateParam(PIN),
-                flush=beam.DoFn.TimerParam(FLUSH)):
+                front=beam.DoFn.StateParam(FRONT), flush=beam.DoFn.TimerParam(FLUSH)):
         kind, key, row = element[1]
         if not self._pinned:
             if pinned.read() is None:
@@ -120,6 +123,12 @@ class _CommitStream(beam.DoFn):
         micros = ts.micros
         buffer.add((micros, kind, key, row))
         slot_end = (micros // COMMIT_SLOT_US + 1) * COMMIT_SLOT_US
+        own = front.read()
+        if own is not None and slot_end <= own:
+            # A late change (a late command applied at its key's time) in a
+            # slot this run committed already, whose token is spent: it goes
+            # with the first slot above the run's frontier.
+            slot_end = (own // COMMIT_SLOT_US + 1) * COMMIT_SLOT_US
         if slot_end not in self._set:
             self._set.add(slot_end)
             flush.set(Timestamp(micros=slot_end - 1), dynamic_timer_tag=str(slot_end))

@@ -32,7 +32,8 @@ GRID_SAMPLE_ROWS = 50_000       # vectors sampled to train a new table's grid
 COMMIT_SLOT_US = 1_000_000      # unbounded input: at most one commit per second of event time
 
 
-_STAMP_CMD, _STAMP_BLOCK = "c", "b"   # stash entries of the stateful flavor
+# Stash entries of the stateful flavor (the block was "b" before tombstones).
+_STAMP_CMD, _STAMP_BLOCK = "c", "B"
 
 
 # -- the pinned version ----------------------------------------------------------

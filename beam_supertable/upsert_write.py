@@ -54,6 +54,7 @@ import apache_beam as beam
 import pyarrow as pa
 from apache_beam.transforms import window
 from apache_beam.transforms.display import DisplayDataItem
+from apache_beam.utils.timestamp import Duration
 
 from beam_supertable.errors import SchemaMismatchError
 from beam_supertable.keys import check_primary_key
@@ -69,7 +70,8 @@ from beam_supertable._upsert_table import (  # noqa: F401 - the tunables, re-exp
     _TIMES_TAG, _UNSETTLED_TAG, Flavor, _Pin, _Settings, _ref)
 from beam_supertable._upsert_validate import _Settle, _Validate
 from beam_upsert.prepare import encode_key
-from beam_upsert.stateful import DEFAULT_STATE_SHARDS, ShardKeys
+from beam_upsert.model import retention_micros
+from beam_upsert.stateful import DEFAULT_STATE_SHARDS, DEFAULT_TOMBSTONE_RETENTION_US, ShardKeys
 
 __all__ = ["UpsertToSupertable", "UpsertWriteResult"]
 
@@ -120,6 +122,16 @@ class UpsertToSupertable(beam.PTransform):
         state_shards: the stateful flavor's keys are hashed onto this many
             stateful keys (state and timers per shard, not per key; see
             ``beam_upsert.stateful``).
+        tombstone_retention: how long, in event time, the stateful flavor
+            keeps a deleted key's tombstone (its last applied time and
+            offset), so a late command for it follows the offset rule: an
+            apache_beam ``Duration`` or a number of seconds; default one
+            hour, as ``Upsert``'s. A command for a key holding neither value
+            nor tombstone at or below the newest tombstone its state shard
+            dropped is refused as too late (``result.invalid``, counted
+            ``beam_upsert/too_late``). ``0`` keeps every touched key's state
+            for ever, without tombstone offsets (the behaviour before
+            tombstones).
 
     Note:
         Bounded input lands as ONE commit recording ``frontier`` = the
@@ -141,7 +153,9 @@ class UpsertToSupertable(beam.PTransform):
                  fts_columns: Sequence[str] = (), storage_options: Optional[dict] = None,
                  job_id: Optional[str] = None, flavor: Flavor = "auto",
                  label: Optional[str] = None, *,
-                 state_shards: int = DEFAULT_STATE_SHARDS) -> None:
+                 state_shards: int = DEFAULT_STATE_SHARDS,
+                 tombstone_retention: Union[Duration, int, float] = Duration(
+                     micros=DEFAULT_TOMBSTONE_RETENTION_US)) -> None:
         super().__init__(label)
         where = "UpsertToSupertable"
         if not isinstance(uri, str) or not uri:
@@ -154,6 +168,7 @@ class UpsertToSupertable(beam.PTransform):
                 or state_shards < 1:
             raise ValueError(f"{where}: state_shards must be a positive int, got "
                              f"{state_shards!r}")
+        retention = retention_micros(tombstone_retention, where=where)
         check_metric(metric)
         if job_id is not None and (not isinstance(job_id, str) or not job_id):
             raise ValueError(f"{where}: job_id must be a non-empty str, got {job_id!r}")
@@ -185,6 +200,7 @@ class UpsertToSupertable(beam.PTransform):
                                    tuple(fts_columns), job_id)
         self._flavor = flavor
         self._state_shards = state_shards
+        self._retention_micros = retention
         self._with_invalid = False
 
     def with_invalid_output(self) -> "UpsertToSupertable":
@@ -237,7 +253,7 @@ class UpsertToSupertable(beam.PTransform):
             applied = (keyed
                        | "Shard" >> beam.ParDo(ShardKeys(self._state_shards)).with_output_types(
                            Tuple[int, Any])
-                       | "Apply" >> beam.ParDo(_ApplyStateful(s, run)).with_outputs(
+                       | "Apply" >> beam.ParDo(_ApplyStateful(s, run, self._retention_micros)).with_outputs(
                            INVALID_TAG, main="changes"))
             # Bounded input: the frontier is the greatest time applied, so
             # commands below the pinned frontier (already in) do not count.
@@ -291,6 +307,8 @@ class UpsertToSupertable(beam.PTransform):
                                            label="Primary key"),
             "flavor": DisplayDataItem(self._flavor, label="Flavor"),
             "state_shards": DisplayDataItem(self._state_shards, label="State shards"),
+            "tombstone_retention": DisplayDataItem(f"{self._retention_micros / 1e6:g} s",
+                                                   label="Tombstone retention"),
             "job_id": DisplayDataItem(s.job_id or "(one per run)", label="Job id"),
             "vector_column": DisplayDataItem(s.vector_column or "", label="Vector column"),
             "metric": DisplayDataItem(s.metric, label="Metric"),

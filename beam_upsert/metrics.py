@@ -11,6 +11,7 @@ COUNTER_NAMES = (
     "dropped_before_resume",
     "late_applied",
     "stale_dropped",
+    "too_late",
     "invalid",
     "rehydrated",
 )
@@ -22,9 +23,11 @@ class UpsertCounters:
     def __init__(self) -> None:
         for name in COUNTER_NAMES:
             setattr(self, name, Metrics.counter(NAMESPACE, name))
-        # Entries a key keeps in the stateful flavor after a firing: its live
-        # value (0 or 1) plus its pending commands.
+        # What a shard keeps in the stateful flavor after a firing: entries
+        # (live values, tombstones, snapshot values not yet applied, pending
+        # commands) and bytes.
         self.state_entries = Metrics.distribution(NAMESPACE, "state_entries")
+        self.state_bytes = Metrics.distribution(NAMESPACE, "state_bytes")
 
     def add_steps(self, tally) -> None:
         """Adds a ``[inserts, updates, deletes]`` tally (see beam_upsert.emit)."""

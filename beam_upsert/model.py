@@ -22,11 +22,24 @@ The rules beyond DESIGN.md's "Upsert semantics", in one place:
   the greatest ``(type name, repr(value))`` wins (:func:`value_order_key`).
   Duplicate snapshot keys keep their value by the same order and report the
   others.
-* **A key without a value keeps nothing.** Once a key holds no value (a
-  delete was applied, or a delete found nothing) its state is empty: no
-  tombstone, no remembered offset, time or class. A later command for it is
-  fresh, even one that is late in the stateful flavor: it is applied at its
-  own time and its offset is not compared with the deleted history.
+* **Tombstones.** With ``tombstones`` (the stateful flavor's default), a
+  key that ends a time without a value keeps a *tombstone*: the time it last
+  applied and the greatest offset it applied, so a late command for a deleted
+  key follows the offset rule exactly as one for a live key does. A
+  tombstone does not fix the key's offset class: the next on-time command
+  picks its class afresh, as for a key that never held anything (the grouped
+  flavor never sees a tombstone, and the two must agree); only a *late*
+  command must order against the tombstone's offset. Without ``tombstones``
+  (``tombstone_retention=0``) a key without a value keeps nothing and a late
+  command for it is applied fresh at its own time.
+* **Too late.** A key that holds neither a value nor a tombstone (its
+  tombstone was dropped after the retention horizon, or it was never seen)
+  has nothing to compare a late command's offset with. The stateful flavor
+  passes its shard's *forget frontier* (``forgotten_through``: the newest
+  time of any tombstone the shard dropped); a command for such a key at or
+  below it is *too late*: it is refused, never applied, because it might be
+  older than the delete that was forgotten. Above it, the command is applied
+  fresh at its own time, above every change the key ever emitted.
 """
 
 from __future__ import annotations
@@ -36,9 +49,9 @@ import decimal
 import math
 import numbers
 from operator import itemgetter
-from typing import Any, Hashable, Iterable, List, NamedTuple, Optional, Tuple
+from typing import Any, Hashable, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
-from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Timestamp
+from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Duration, Timestamp
 
 __all__ = [
     "Applied",
@@ -54,6 +67,8 @@ __all__ = [
     "offset_class",
     "resolve_prior",
     "resume_micros",
+    "retention_micros",
+    "too_late_reason",
     "transition_changes",
     "value_order_key",
     "winner",
@@ -104,8 +119,9 @@ class KeyState(NamedTuple):
 
     ``applied_through`` is the last time (micros) applied for the key and
     ``max_offset`` the greatest offset applied; both decide the fate of late
-    commands in the stateful flavor and are ``None`` whenever ``value`` is
-    (a key without a value keeps nothing).
+    commands in the stateful flavor. With ``value`` ``None`` and both set,
+    the state is a *tombstone*; without tombstones both are ``None``
+    whenever ``value`` is.
     """
 
     value: Any = None
@@ -118,7 +134,9 @@ class Applied(NamedTuple):
 
     ``steps`` are ``(time_micros, old, new)`` with ``old != new``;
     ``invalid`` are ``(time_micros, offset, value, reason)`` of commands whose
-    offset does not order against the key's others.
+    offset does not order against the key's others; ``too_late`` are
+    ``(time_micros, offset, value)`` of commands refused as too late (see
+    the module docstring).
     """
 
     state: KeyState
@@ -126,6 +144,7 @@ class Applied(NamedTuple):
     late_applied: int
     stale_dropped: int
     invalid: List[Tuple[int, Any, Any, str]]
+    too_late: Sequence[Tuple[int, Any, Any]] = ()
 
 
 _KEY_SCALARS = (str, bytes, int, bool)
@@ -274,13 +293,13 @@ def _keep_class(group, cls, time, invalid, why) -> list:
     return kept
 
 
-def _of_live_class(group, max_offset, key, time, invalid) -> list:
+def _of_live_class(group, max_offset, key, time, invalid, what="current value") -> list:
     # The common case first: scalars of the very type already applied.
     kind = type(max_offset)
     if kind is not tuple and all(type(c[0]) is kind for c in group):
         return group
     return _keep_class(group, offset_class(max_offset), time, invalid,
-                       f"that made the current value of key {key!r}")
+                       f"that made the {what} of key {key!r}")
 
 
 def _of_majority_class(group, key, time, invalid) -> list:
@@ -303,6 +322,8 @@ def apply_times(
     *,
     key: Any = None,
     late_ok: bool = False,
+    tombstones: bool = False,
+    forgotten_through: Optional[int] = None,
 ) -> Applied:
     """Applies ``(time_micros, offset, value)`` commands to one key.
 
@@ -312,13 +333,18 @@ def apply_times(
     ``state.applied_through`` is late: its winner is applied at
     ``applied_through`` if its offset is newer than every offset already
     applied, otherwise it is dropped. Whenever the key ends a time without a
-    value, its state is emptied.
+    value, its state is emptied, or, with ``tombstones``, becomes a
+    tombstone that keeps the time and offset.
 
     Args:
         state: what the key holds before these commands.
         commands: the key's commands, in any order.
         key: the key, named in the reasons of refused commands.
         late_ok: apply the late rule (stateful flavor).
+        tombstones: keep a deleted key's applied time and offset.
+        forgotten_through: while the key holds neither a value nor a
+            tombstone, its commands at or below this time (micros) are too
+            late and refused (``Applied.too_late``).
 
     Returns:
         An :class:`Applied`; :func:`transition_changes` turns each step into
@@ -334,19 +360,26 @@ def apply_times(
     value, through, max_offset = state
     steps: List[Tuple[int, Any, Any]] = []
     invalid: List[Tuple[int, Any, Any, str]] = []
+    too_late: List[Tuple[int, Any, Any]] = []
     late_applied = stale_dropped = 0
     for time in sorted(by_time):
         group = by_time[time]
-        if max_offset is not None:
-            group = _of_live_class(group, max_offset, key, time, invalid)
+        late = late_ok and through is not None and time <= through
+        if (value is None and through is None and forgotten_through is not None
+                and time <= forgotten_through):
+            too_late.extend((time, offset, new) for offset, new in group)
+            continue
+        if max_offset is not None and (value is not None or late):
+            group = _of_live_class(group, max_offset, key, time, invalid,
+                                   "current value" if value is not None else "deletion")
         elif len(group) > 1:
             group = _of_majority_class(group, key, time, invalid)
         if not group:
             continue
         offset, new = winner(group)
         at = time
-        if late_ok and through is not None and time <= through:
-            if max_offset is not None and not offset > max_offset:
+        if late:
+            if not offset > max_offset:
                 stale_dropped += len(group)
                 continue
             late_applied += 1
@@ -354,16 +387,32 @@ def apply_times(
             at = through
         else:
             through = time
-        if max_offset is None or offset > max_offset:
+        if max_offset is None or (value is None and _other_class(offset, max_offset)) \
+                or offset > max_offset:
+            # After a delete an on-time command picks its class afresh.
             max_offset = offset
         if not new == value:
             steps.append((at, value, new))
             value = new
-        if value is None:
+        if value is None and not tombstones:
             # No tombstone: a key without a value keeps nothing.
             through = max_offset = None
     return Applied(KeyState(value, through, max_offset), steps, late_applied,
-                   stale_dropped, invalid)
+                   stale_dropped, invalid, too_late)
+
+
+def _other_class(offset: Any, other: Any) -> bool:
+    return type(offset) is not type(other) and offset_class(offset) != offset_class(other)
+
+
+def too_late_reason(key: Any, time: int, forgotten_through: int, retention_micros: int) -> str:
+    """Why a command for a key without value or tombstone was refused as too late."""
+    return (
+        f"too late: the command for key {key!r} at time {time} µs is at or below "
+        f"{forgotten_through} µs, the newest tombstone its state shard has dropped "
+        f"(tombstone_retention {retention_micros / 1e6:g} s), and the key holds no value "
+        "and no tombstone to compare its offset with; applying it could resurrect a "
+        "deleted key")
 
 
 def resolve_prior(key: Any, priors: List[Any]) -> Tuple[Any, List[Invalid]]:
@@ -427,3 +476,29 @@ def resume_micros(resume_at: Any, *, where: str) -> Optional[int]:
         f"{where}: resume_at must be an apache_beam Timestamp or an int of "
         f"microseconds since the epoch, got {type(resume_at).__name__} {resume_at!r} "
         f"(for seconds write Timestamp({resume_at!r}))")
+
+
+
+def retention_micros(retention: Any, *, where: str) -> int:
+    """``tombstone_retention`` in microseconds: a ``Duration`` or int/float seconds.
+
+    Raises:
+        TypeError: neither a Duration nor a number of seconds.
+        ValueError: negative or not finite.
+    """
+    if isinstance(retention, Duration):
+        micros = retention.micros
+    elif isinstance(retention, (int, float)) and not isinstance(retention, bool):
+        if not math.isfinite(retention):
+            raise ValueError(
+                f"{where}: tombstone_retention must be finite, got {retention!r}")
+        micros = round(retention * 1_000_000)
+    else:
+        raise TypeError(
+            f"{where}: tombstone_retention must be an apache_beam Duration or a number "
+            f"of seconds, got {type(retention).__name__} {retention!r}")
+    if micros < 0:
+        raise ValueError(
+            f"{where}: tombstone_retention must be >= 0 (0 keeps no tombstones), got "
+            f"{retention!r}")
+    return micros

@@ -8,12 +8,13 @@ import apache_beam as beam
 from apache_beam.pvalue import PCollection
 from apache_beam.transforms import window
 from apache_beam.transforms.display import DisplayDataItem
-from apache_beam.utils.timestamp import Timestamp
+from apache_beam.utils.timestamp import Duration, Timestamp
 
 from beam_upsert.grouped import GroupedUpsertFn
-from beam_upsert.model import resume_micros
+from beam_upsert.model import resume_micros, retention_micros
 from beam_upsert.prepare import INVALID_TAG, CountInvalid, PrepareCommands, PreparePrior
-from beam_upsert.stateful import COUNTS_TAG, ReportCounts, ShardKeys, StatefulUpsertFn
+from beam_upsert.stateful import (
+    COUNTS_TAG, DEFAULT_TOMBSTONE_RETENTION_US, ReportCounts, ShardKeys, StatefulUpsertFn)
 
 Flavor = Literal["auto", "stateful", "grouped"]
 FLAVORS = ("auto", "stateful", "grouped")
@@ -54,12 +55,24 @@ class Upsert(beam.PTransform):
             (the same rule as :func:`upsert_table` and
             :class:`UpsertBatches`; floats are refused, write
             ``Timestamp(seconds)``). Default ``None``: nothing is dropped.
+        tombstone_retention: how long, in event time, the stateful flavor
+            remembers a deleted key's last applied time and offset (its
+            tombstone), so a late command for it follows the offset rule:
+            an apache_beam ``Duration`` or a number of seconds. Default one
+            hour; ``0`` keeps no tombstones (a late command for a deleted key
+            is then applied fresh at its own time). A command for a key with
+            neither value nor tombstone at or below the newest tombstone its
+            state shard dropped is refused as too late (counted
+            ``too_late``). The grouped flavor sees every command at once and
+            needs none.
         label: the transform's label.
 
     Raises:
-        ValueError: an unknown flavor or an int ``resume_at`` out of range.
-        TypeError: ``prior`` is not a PCollection, or ``resume_at`` is
-            neither a Timestamp nor an int.
+        ValueError: an unknown flavor, an int ``resume_at`` out of range, or
+            a negative ``tombstone_retention``.
+        TypeError: ``prior`` is not a PCollection, ``resume_at`` is
+            neither a Timestamp nor an int, or ``tombstone_retention`` is
+            neither a Duration nor a number.
 
     Note:
         Malformed input never fails the job: malformed elements, commands
@@ -77,6 +90,8 @@ class Upsert(beam.PTransform):
         *,
         prior: Optional[PCollection] = None,
         resume_at: Union[Timestamp, int, None] = None,
+        tombstone_retention: Union[Duration, int, float] = Duration(
+            micros=DEFAULT_TOMBSTONE_RETENTION_US),
         label: Optional[str] = None,
     ) -> None:
         super().__init__(label)
@@ -90,6 +105,7 @@ class Upsert(beam.PTransform):
         self._flavor = flavor
         self._prior = prior
         self._resume_at_micros = resume_micros(resume_at, where="Upsert")
+        self._retention_micros = retention_micros(tombstone_retention, where="Upsert")
         self._with_invalid = False
 
     def with_invalid_output(self) -> "Upsert":
@@ -132,7 +148,7 @@ class Upsert(beam.PTransform):
             applied = (
                 merged
                 | "Shard" >> beam.ParDo(ShardKeys()).with_output_types(Tuple[int, Any])
-                | "Apply" >> beam.ParDo(StatefulUpsertFn()).with_outputs(
+                | "Apply" >> beam.ParDo(StatefulUpsertFn(self._retention_micros)).with_outputs(
                     INVALID_TAG, COUNTS_TAG, main="changes"))
             _ = applied[COUNTS_TAG] | "Count" >> beam.ParDo(ReportCounts())
         conflicts = applied[INVALID_TAG] | "CountConflicts" >> beam.ParDo(CountInvalid())
@@ -146,6 +162,8 @@ class Upsert(beam.PTransform):
         data = {
             "flavor": DisplayDataItem(self._flavor, label="Flavor"),
             "prior": DisplayDataItem(self._prior is not None, label="Has prior"),
+            "tombstone_retention": DisplayDataItem(
+                f"{self._retention_micros / 1e6:g} s", label="Tombstone retention"),
         }
         if self._resume_at_micros is not None:
             data["resume_at"] = DisplayDataItem(

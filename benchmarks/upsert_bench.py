@@ -2,6 +2,7 @@
 
     python -m benchmarks.upsert_bench            # all cases, prints a table
     python -m benchmarks.upsert_bench --case grouped
+    python -m benchmarks.upsert_bench --tombstones   # tombstone_retention=0 vs the default
 
 Every case runs in its own process (so peak RSS is its own) and reads its
 input from files written once under benchmarks/data/.
@@ -29,6 +30,9 @@ from apache_beam.transforms.userstate import ReadModifyWriteStateSpec
 from apache_beam.transforms.window import TimestampedValue
 
 from beam_upsert import Upsert, UpsertBatches, UpsertCommand, upsert_table
+from beam_upsert.prepare import INVALID_TAG, PrepareCommands, PreparePrior
+from beam_upsert.stateful import (
+    COUNTS_TAG, DEFAULT_STATE_SHARDS, DEFAULT_TOMBSTONE_RETENTION_US, ShardKeys, StatefulUpsertFn)
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 N_COMMANDS, N_KEYS, N_PRIOR, N_TIMES, DELETE_SHARE = 200_000, 50_000, 25_000, 10, 0.05
@@ -122,11 +126,11 @@ def case_read_parse_gbk():
     return N_COMMANDS
 
 
-def _row_api(flavor):
+def _row_api(flavor, **kwargs):
     with beam.Pipeline(options=_options()) as p:
         prior = p | "P" >> beam.io.ReadFromText(_path("prior.jsonl")) | "PP" >> beam.Map(parse_prior)
         _count(p | beam.io.ReadFromText(_path("commands.jsonl")) | beam.Map(parse_command)
-               | Upsert(flavor, prior=prior))
+               | Upsert(flavor, prior=prior, **kwargs))
     return N_COMMANDS
 
 
@@ -138,7 +142,57 @@ def case_stateful():
     return _row_api("stateful")
 
 
-def case_stateful_streaming():
+def case_stateful_no_tombstones():
+    return _row_api("stateful", tombstone_retention=0)
+
+
+def case_stateful_streaming_no_tombstones():
+    return case_stateful_streaming(tombstone_retention=0)
+
+
+class _AtLastTime(beam.DoFn):
+    """(entries, bytes) a shard keeps after the firing at the last command time."""
+
+    def process(self, counts, ts=beam.DoFn.TimestampParam):
+        if ts.micros == (N_TIMES - 1) * 1_000_000:
+            yield 1, counts[6], counts[8]
+
+
+def _state_after_the_last_time(retention_micros):
+    """Total (shards, entries, bytes) kept after every command time is applied."""
+    out = _path(f"state_bytes_{retention_micros}")
+    with beam.Pipeline(options=_options()) as p:
+        commands = (p | beam.io.ReadFromText(_path("commands.jsonl"))
+                    | beam.Map(parse_command)
+                    | beam.ParDo(PrepareCommands(None)).with_outputs(INVALID_TAG, main="ok"))
+        prior = (p | "P" >> beam.io.ReadFromText(_path("prior.jsonl"))
+                 | "PP" >> beam.Map(parse_prior)
+                 | beam.ParDo(PreparePrior()).with_outputs(INVALID_TAG, main="ok"))
+        counts = ((commands.ok, prior.ok) | beam.Flatten()
+                  | beam.ParDo(ShardKeys())
+                  | beam.ParDo(StatefulUpsertFn(retention_micros)).with_outputs(
+                      INVALID_TAG, COUNTS_TAG, main="changes"))[COUNTS_TAG]
+        _ = (counts | beam.ParDo(_AtLastTime())
+             | beam.CombineGlobally(lambda kept: tuple(map(sum, zip((0, 0, 0), *kept))))
+             | beam.Map(json.dumps)
+             | beam.io.WriteToText(out, shard_name_template=""))
+    with open(out) as f:
+        return json.loads(f.read())
+
+
+def case_state_bytes():
+    """State per key and per shard after the last time, with and without tombstones."""
+    got = {}
+    for name, retention in (("no_tombstones", 0), ("tombstones", DEFAULT_TOMBSTONE_RETENTION_US)):
+        shards, entries, size = _state_after_the_last_time(retention)
+        got[name] = {"firing_shards": shards, "entries": entries, "bytes": size,
+                     "bytes_per_entry": size / max(entries, 1),
+                     "bytes_per_shard": size / DEFAULT_STATE_SHARDS}
+    print("STATE " + json.dumps(got))
+    return N_COMMANDS
+
+
+def case_stateful_streaming(tombstone_retention=DEFAULT_TOMBSTONE_RETENTION_US / 1e6):
     # The streaming DirectRunner with TestStream: events are built in memory
     # (TestStream has no file source), ten watermark steps, one per time.
     from apache_beam.testing.test_stream import TestStream
@@ -153,7 +207,7 @@ def case_stateful_streaming():
         stream = stream.advance_watermark_to(t + 1)
     stream = stream.advance_watermark_to_infinity()
     with beam.Pipeline(options=_options(streaming=True)) as p:
-        _count(p | stream | Upsert("stateful"))
+        _count(p | stream | Upsert("stateful", tombstone_retention=tombstone_retention))
     return n
 
 
@@ -184,6 +238,9 @@ CASES = {
     "grouped": case_grouped,
     "stateful": case_stateful,
     "stateful_streaming": case_stateful_streaming,
+    "stateful_no_tombstones": case_stateful_no_tombstones,
+    "stateful_streaming_no_tombstones": case_stateful_streaming_no_tombstones,
+    "state_bytes": case_state_bytes,
     "columnar_kernel": case_columnar_kernel,
     "columnar": case_columnar,
 }
@@ -196,28 +253,81 @@ def run_case(name):
     if isinstance(got, tuple):
         got, elapsed = got
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    sys.stdout.flush()
     print("RESULT " + json.dumps({"case": name, "commands": got, "seconds": elapsed,
                                   "per_second": got / elapsed, "peak_rss_mb": peak_mb}))
+
+
+TOMBSTONE_CASES = ("stateful_no_tombstones", "stateful_streaming_no_tombstones", "state_bytes")
+
+
+def _run_subprocess(name):
+    done = subprocess.run([sys.executable, "-m", "benchmarks.upsert_bench", "--case", name],
+                          capture_output=True, text=True)
+    lines = done.stdout.splitlines()
+    line = [x for x in lines if x.startswith("RESULT ")]
+    if done.returncode or not line:
+        print(f"{name}: FAILED\n{done.stderr[-2000:]}")
+        return None
+    result = json.loads(line[0][7:])
+    state = [x for x in lines if x.startswith("STATE ")]
+    if state:
+        result["state"] = json.loads(state[0][6:])
+    return result
+
+
+def _tombstones(rounds):
+    """Throughput without and with tombstones, interleaved in one run, and state bytes."""
+    rates = {}
+    pairs = (("stateful_no_tombstones", "stateful"),
+             ("stateful_streaming_no_tombstones", "stateful_streaming"))
+    for i in range(rounds):
+        for pair in pairs:
+            for name in (pair if i % 2 == 0 else pair[::-1]):
+                r = _run_subprocess(name)
+                if r is not None:
+                    rates.setdefault(name, []).append(r["per_second"])
+                    print(f"round {i + 1} {name:34s} {r['per_second']:>9,.0f} commands/s  "
+                          f"peak {r['peak_rss_mb']:,.0f} MB", flush=True)
+    for old, new in pairs:
+        if old in rates and new in rates:
+            a, b = float(np.median(rates[old])), float(np.median(rates[new]))
+            print(f"{new}: median {b:,.0f} /s with tombstones vs {a:,.0f} /s without: "
+                  f"{b / a:.3f}x")
+    state = _run_subprocess("state_bytes")
+    if state is not None:
+        for name, s in state["state"].items():
+            print(f"state after the last time, {name}: {s['entries']:,d} entries, "
+                  f"{s['bytes']:,d} bytes, {s['bytes_per_entry']:.1f} bytes per entry, "
+                  f"{s['bytes_per_shard']:,.0f} bytes per shard")
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, "
+          f"python {platform.python_version()}, apache-beam {beam.__version__}, "
+          f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC")
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", choices=sorted(CASES))
+    parser.add_argument("--tombstones", action="store_true",
+                        help="the stateful flavor with tombstone_retention=0 and the default, "
+                             "interleaved, plus the state bytes per key and shard")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of the interleaved --tombstones cases (default 3)")
     args = parser.parse_args(argv)
     make_data()
     if args.case:
         run_case(args.case)
         return
+    if args.tombstones:
+        _tombstones(args.rounds)
+        return
     results = {}
     for name in CASES:
-        done = subprocess.run([sys.executable, "-m", "benchmarks.upsert_bench", "--case", name],
-                              capture_output=True, text=True)
-        line = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
-        if done.returncode or not line:
-            print(f"{name}: FAILED\n{done.stderr[-2000:]}")
+        if name in TOMBSTONE_CASES:
             continue
-        results[name] = json.loads(line[0][7:])
-        r = results[name]
+        r = results[name] = _run_subprocess(name)
+        if r is None:
+            continue
         print(f"{name:20s} {r['commands']:>9,d} commands  {r['seconds']:7.1f} s  "
               f"{r['per_second']:>11,.0f} /s  peak {r['peak_rss_mb']:,.0f} MB", flush=True)
     rate = {k: v["per_second"] for k, v in results.items()}

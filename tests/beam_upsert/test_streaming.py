@@ -106,15 +106,14 @@ def test_incomparable_offsets_do_not_stall_the_key():
         expected_invalid=[("k", "b", "6"), ("k", "x", "9")])
 
 
-def test_a_deleted_key_keeps_nothing_so_a_late_command_is_fresh():
-    # The documented consequence of keeping no tombstone: a late command for
-    # a deleted key is applied at its own time even though its offset (9) is
-    # older than the delete's (11); with a tombstone it would be dropped.
+def test_a_late_command_older_than_a_delete_is_dropped():
+    # The deleted key keeps a tombstone: a late command whose offset (9) is
+    # older than the delete's (11) is stale, not applied at its own time.
     _run([
         ("add", [("k", "a", 10, 5)]), ("wm", 6),
         ("add", [("k", None, 11, 6)]), ("wm", 7),
         ("add", [("k", "b", 9, 4)]), ("wm", 8),
-    ], expected=[("k", "a", 1, 5), ("k", "a", -1, 6), ("k", "b", 1, 4)])
+    ], expected=[("k", "a", 1, 5), ("k", "a", -1, 6)])
 
 
 def _state_sizes(events, prior, expected):
@@ -133,9 +132,9 @@ def _state_sizes(events, prior, expected):
     merged = ((commands.ok, snapshot.ok) | beam.Flatten()
               .with_output_types(Tuple[bytes, Any]))
     applied = (merged | beam.ParDo(ShardKeys(1)).with_output_types(Tuple[int, Any])
-               | beam.ParDo(StatefulUpsertFn()).with_outputs(
+               | beam.ParDo(StatefulUpsertFn(tombstone_retention_micros=0)).with_outputs(
                    INVALID_TAG, COUNTS_TAG, main="changes"))
-    assert_that(applied[COUNTS_TAG] | beam.Map(lambda counts: tuple(counts[5:])),
+    assert_that(applied[COUNTS_TAG] | beam.Map(lambda counts: tuple(counts[5:7])),
                 equal_to(expected))
     p.run().wait_until_finish()
 
