@@ -18,7 +18,9 @@ user sees it. Cases:
 
 * ``pardo``: read and parse the commands, one plain ParDo (the floor).
 * ``grouped`` / ``stateful``: ``Upsert(flavor, prior=snapshot)`` over the
-  commands (200,000 over 50,000 keys, a 25,000-key snapshot).
+  commands (200,000 over 50,000 keys, a 25,000-key snapshot);
+  ``stateful-no-tombstones`` is ``stateful`` with ``tombstone_retention=0``
+  (deleted keys keep nothing), to measure what tombstones cost.
 * ``write``: ``WriteToSupertable`` of vector + text rows (rows/s).
 * ``upsert-table``: the closed loop, ``UpsertToSupertable`` (grouped,
   bounded) of the same commands as rows ``{key, value}`` into a keyed table
@@ -95,7 +97,8 @@ from benchmarks import upsert_bench
 DATA = upsert_bench.DATA
 SMALL_COMMANDS, SMALL_PRIOR = 20_000, 2_500
 WRITE_ROWS, SMALL_WRITE_ROWS, DIM = 50_000, 5_000, 64
-CASES = ("pardo", "grouped", "stateful", "write", "upsert-table", "upsert-table-stream")
+CASES = ("pardo", "grouped", "stateful", "stateful-no-tombstones", "write", "upsert-table",
+         "upsert-table-stream")
 TABLE_SCHEMA = pa.schema([pa.field("key", pa.string(), nullable=False), ("value", pa.int64())])
 STREAM_CASES = ("upsert-table-stream",)   # unbounded input: no Flink batch run
 RUNNERS = ("direct", "flink", "flink-cluster", "flink-cluster-external", "flink-streaming")
@@ -366,7 +369,10 @@ def run_case(case: str, runner: str, args) -> dict:
                     from beam_upsert import Upsert
                     snapshot = (p | "ReadPrior" >> beam.io.ReadFromText(prior)
                                 | "ParsePrior" >> beam.Map(upsert_bench.parse_prior))
-                    out = cmds | Upsert(case, prior=snapshot)
+                    if case == "stateful-no-tombstones":   # the layout before tombstones
+                        out = cmds | Upsert("stateful", prior=snapshot, tombstone_retention=0)
+                    else:
+                        out = cmds | Upsert(case, prior=snapshot)
                 _ = out | beam.ParDo(_Drain())
         seconds, cpu = time.perf_counter() - t0, _cpu() - cpu0
         with open(started) as f:
