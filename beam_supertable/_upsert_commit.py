@@ -111,6 +111,9 @@ class _CommitStream(beam.DoFn):
     def start_bundle(self):
         self._set = set()      # slots whose timer this bundle set already
         self._pinned = False   # the pin is in state (it never changes once written)
+        # The run's frontier as this bundle knows it, per key: read from state
+        # once, then kept in step with the commits the bundle's timers make.
+        self._fronts: Dict[Any, Optional[int]] = {}
 
     def process(self, element, ts=beam.DoFn.TimestampParam,
                 buffer=beam.DoFn.StateParam(BUFFER), pinned=beam.DoFn.StateParam(PIN),
@@ -123,7 +126,9 @@ class _CommitStream(beam.DoFn):
         micros = ts.micros
         buffer.add((micros, kind, key, row))
         slot_end = (micros // COMMIT_SLOT_US + 1) * COMMIT_SLOT_US
-        own = front.read()
+        if element[0] not in self._fronts:
+            self._fronts[element[0]] = front.read()
+        own = self._fronts[element[0]]
         if own is not None and slot_end <= own:
             # A late change (a late command applied at its key's time) in a
             # slot this run committed already, whose token is spent: it goes
@@ -134,7 +139,7 @@ class _CommitStream(beam.DoFn):
             flush.set(Timestamp(micros=slot_end - 1), dynamic_timer_tag=str(slot_end))
 
     @on_timer(FLUSH)
-    def commit_due(self, tag=beam.DoFn.DynamicTimerTagParam,
+    def commit_due(self, key=beam.DoFn.KeyParam, tag=beam.DoFn.DynamicTimerTagParam,
                    buffer=beam.DoFn.StateParam(BUFFER), pinned=beam.DoFn.StateParam(PIN),
                    front=beam.DoFn.StateParam(FRONT)):
         # The slot's end comes from the tag: Flink keeps timers in
@@ -169,6 +174,7 @@ class _CommitStream(beam.DoFn):
                          base_version=version, stamp=stamp.get("grid"),
                          metadata={"run": self._run, "start_version": version})
         front.write(frontier)
+        self._fronts[key] = frontier
         buffer.clear()
         for entry in pending:
             buffer.add(entry)

@@ -70,7 +70,7 @@ from beam_supertable._upsert_table import (  # noqa: F401 - the tunables, re-exp
     _TIMES_TAG, _UNSETTLED_TAG, Flavor, _Pin, _Settings, _ref)
 from beam_supertable._upsert_validate import _Settle, _Validate
 from beam_upsert.prepare import encode_key
-from beam_upsert.model import retention_micros
+from beam_upsert.model import retention_micros, retention_text
 from beam_upsert.stateful import DEFAULT_STATE_SHARDS, DEFAULT_TOMBSTONE_RETENTION_US, ShardKeys
 
 __all__ = ["UpsertToSupertable", "UpsertWriteResult"]
@@ -307,7 +307,7 @@ class UpsertToSupertable(beam.PTransform):
                                            label="Primary key"),
             "flavor": DisplayDataItem(self._flavor, label="Flavor"),
             "state_shards": DisplayDataItem(self._state_shards, label="State shards"),
-            "tombstone_retention": DisplayDataItem(f"{self._retention_micros / 1e6:g} s",
+            "tombstone_retention": DisplayDataItem(retention_text(self._retention_micros),
                                                    label="Tombstone retention"),
             "job_id": DisplayDataItem(s.job_id or "(one per run)", label="Job id"),
             "vector_column": DisplayDataItem(s.vector_column or "", label="Vector column"),

@@ -68,6 +68,7 @@ __all__ = [
     "resolve_prior",
     "resume_micros",
     "retention_micros",
+    "retention_text",
     "too_late_reason",
     "transition_changes",
     "value_order_key",
@@ -410,9 +411,9 @@ def too_late_reason(key: Any, time: int, forgotten_through: int, retention_micro
     return (
         f"too late: the command for key {key!r} at time {time} µs is at or below "
         f"{forgotten_through} µs, the newest tombstone its state shard has dropped "
-        f"(tombstone_retention {retention_micros / 1e6:g} s), and the key holds no value "
-        "and no tombstone to compare its offset with; applying it could resurrect a "
-        "deleted key")
+        f"(tombstone_retention {retention_text(retention_micros)}), and no value or "
+        "tombstone is held for the key to compare its offset with; applying it could "
+        "resurrect a deleted key")
 
 
 def resolve_prior(key: Any, priors: List[Any]) -> Tuple[Any, List[Invalid]]:
@@ -478,6 +479,11 @@ def resume_micros(resume_at: Any, *, where: str) -> Optional[int]:
         f"(for seconds write Timestamp({resume_at!r}))")
 
 
+def retention_text(micros: int) -> str:
+    """A retention for people: ``3600 s``, ``0.5 s`` (never exponent notation)."""
+    seconds, rest = divmod(micros, 1_000_000)
+    return f"{seconds} s" if not rest else f"{micros / 1e6:.6f}".rstrip("0") + " s"
+
 
 def retention_micros(retention: Any, *, where: str) -> int:
     """``tombstone_retention`` in microseconds: a ``Duration`` or int/float seconds.
@@ -488,11 +494,16 @@ def retention_micros(retention: Any, *, where: str) -> int:
     """
     if isinstance(retention, Duration):
         micros = retention.micros
-    elif isinstance(retention, (int, float)) and not isinstance(retention, bool):
+    elif isinstance(retention, numbers.Real) and not isinstance(retention, (bool, decimal.Decimal)):
         if not math.isfinite(retention):
             raise ValueError(
                 f"{where}: tombstone_retention must be finite, got {retention!r}")
-        micros = round(retention * 1_000_000)
+        micros = round(float(retention) * 1_000_000) if not isinstance(
+            retention, numbers.Integral) else int(retention) * 1_000_000
+        if micros == 0 and retention > 0:
+            raise ValueError(
+                f"{where}: tombstone_retention {retention!r} s is below one microsecond; "
+                "give 0 to keep no tombstones, or at least 1e-6 s")
     else:
         raise TypeError(
             f"{where}: tombstone_retention must be an apache_beam Duration or a number "

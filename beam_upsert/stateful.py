@@ -42,6 +42,7 @@ import apache_beam as beam
 from apache_beam import pvalue
 from apache_beam.coders import coders
 from apache_beam.transforms.timeutil import TimeDomain
+from apache_beam.transforms.window import GlobalWindow
 from apache_beam.transforms.userstate import BagStateSpec, TimerSpec, on_timer
 from apache_beam.utils.timestamp import Timestamp
 
@@ -91,12 +92,18 @@ TOMBSTONE_EXPIRY_SLOTS = 60
 TOMBSTONE_EXPIRY_SLOT_MIN_US = 1_000_000
 
 
+# The latest time a timer may be set for: the end of the global window (the
+# one stateful upserts run in). A tombstone due later expires there.
+LAST_TIMER_US = GlobalWindow().max_timestamp().micros
+
+
 def tombstone_expiry(through: int, retention_micros: int) -> int:
-    """When a tombstone of time ``through`` may be dropped (micros, rounded up to a slot)."""
+    """When a tombstone of time ``through`` may be dropped (micros, rounded up to a
+    slot, and never past the end of the global window, where timers end)."""
     second = TOMBSTONE_EXPIRY_SLOT_MIN_US
     slot = max(second, retention_micros // TOMBSTONE_EXPIRY_SLOTS // second * second)
     end = through + retention_micros
-    return -(-end // slot) * slot
+    return min(-(-end // slot) * slot, LAST_TIMER_US)
 
 
 def check_layout(entry) -> None:

@@ -11,7 +11,7 @@ from apache_beam.transforms.display import DisplayDataItem
 from apache_beam.utils.timestamp import Duration, Timestamp
 
 from beam_upsert.grouped import GroupedUpsertFn
-from beam_upsert.model import resume_micros, retention_micros
+from beam_upsert.model import resume_micros, retention_micros, retention_text
 from beam_upsert.prepare import INVALID_TAG, CountInvalid, PrepareCommands, PreparePrior
 from beam_upsert.stateful import (
     COUNTS_TAG, DEFAULT_TOMBSTONE_RETENTION_US, ReportCounts, ShardKeys, StatefulUpsertFn)
@@ -163,7 +163,7 @@ class Upsert(beam.PTransform):
             "flavor": DisplayDataItem(self._flavor, label="Flavor"),
             "prior": DisplayDataItem(self._prior is not None, label="Has prior"),
             "tombstone_retention": DisplayDataItem(
-                f"{self._retention_micros / 1e6:g} s", label="Tombstone retention"),
+                retention_text(self._retention_micros), label="Tombstone retention"),
         }
         if self._resume_at_micros is not None:
             data["resume_at"] = DisplayDataItem(

@@ -195,6 +195,30 @@ def test_tombstone_retention_is_validated_and_displayed():
     assert shown["tombstone_retention"] == "3600 s"
     assert {i.key: i.value for i in DisplayData.create_from(
         Upsert(tombstone_retention=0.5)).items}["tombstone_retention"] == "0.5 s"
+    assert {i.key: i.value for i in DisplayData.create_from(
+        Upsert(tombstone_retention=1234567)).items}["tombstone_retention"] == "1234567 s"
+    with pytest.raises(ValueError, match="below one microsecond"):
+        Upsert(tombstone_retention=1e-7)
+    import numpy as np
+    assert {i.key: i.value for i in DisplayData.create_from(
+        Upsert(tombstone_retention=np.int64(60))).items}["tombstone_retention"] == "60 s"
+
+
+def test_a_tombstone_due_past_the_end_of_time_expires_where_timers_end():
+    # Commands stamped at the end of the global window (as a GroupByKey's
+    # output is) with a retention reaching past it: the expiry is capped
+    # where timers end instead of overflowing the timer.
+    end = tombstone_expiry(0, 1)   # a small expiry, for the comparison below
+    assert end == S
+    from apache_beam.transforms.window import GlobalWindow
+    last = GlobalWindow().max_timestamp().micros
+    assert tombstone_expiry(last - S, 2 * 86400 * S) == last
+    assert tombstone_expiry(last, 10**30 * S) == last
+    near_end = last // S - 10          # seconds, 10 s before the window's end
+    _run([("add", [("k", "v1", 1, near_end - 2)]), ("add", [("k", None, 3, near_end - 1)]),
+          ("wm", near_end)],
+         expected=[("k", "v1", 1, near_end - 2), ("k", "v1", -1, near_end - 1)],
+         tombstone_retention=10**13)
 
 
 def test_the_rule_on_the_model():
