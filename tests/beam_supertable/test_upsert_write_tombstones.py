@@ -165,7 +165,7 @@ def test_late_arrivals_leave_the_highest_offset_per_key(workload):
 
 
 @pytest.mark.slow
-@settings(max_examples=25, **_PROPERTY)
+@settings(max_examples=12, **_PROPERTY)
 @given(arrivals())
 def test_late_arrivals_leave_the_highest_offset_per_key_on_many_workloads(workload):
     _check(*workload)

@@ -323,7 +323,7 @@ def test_late_arrivals_equal_the_highest_offset_per_key(workload):
 
 
 @pytest.mark.slow
-@settings(max_examples=40, **_PROPERTY)
+@settings(max_examples=20, **_PROPERTY)
 @given(arrivals())
 def test_late_arrivals_equal_the_highest_offset_per_key_on_many_workloads(workload):
     check_arrivals(*workload)
