@@ -21,7 +21,7 @@ from beam_upsert.metrics import UpsertCounters
 from beam_upsert.model import Invalid, KeyState, UpsertCommand, apply_times, too_late_reason
 from beam_upsert.prepare import decode_key
 from beam_upsert.stateful import (check_layout, decode_entry, encode_entry, expire_tombstones,
-                                  tombstone_expiry)
+                                  bury, tombstone_expiry)
 
 
 class _ByShard(beam.DoFn):
@@ -300,11 +300,7 @@ class _ApplyStateful(beam.DoFn):
             forgotten = due_already
         if expiries:
             forgotten = expire_tombstones(values, expiries, forgotten, now, retention)
-        for expiry, keys in buried.items():
-            expiries.setdefault(expiry, []).append(encode_entry(keys))
-            if (shard, expiry) not in self._set:
-                self._set.add((shard, expiry))
-                apply.set(Timestamp(micros=expiry), dynamic_timer_tag=str(expiry))
+        bury(buried, expiries, shard, self._set, apply)
         stash.clear()
         stash.add(encode_entry((_STAMP_BLOCK, values, pending, expiries, forgotten)))
 

@@ -140,6 +140,22 @@ def expire_tombstones(values: dict, expiries: dict, forgotten, now: int,
     return forgotten
 
 
+def bury(buried: dict, expiries: dict, shard, set_already: set, timer) -> None:
+    """Indexes a firing's new tombstones by expiry and sets each expiry's timer once.
+
+    Args:
+        buried: ``{expiry time: [encoded key, ...]}`` of this firing.
+        expiries: the shard's expiry index, changed in place.
+        set_already: ``(shard, time)`` timers this bundle set (changed in place).
+        timer: the shard's watermark timer (dynamic tags).
+    """
+    for expiry, keys in buried.items():
+        expiries.setdefault(expiry, []).append(_encode(keys))
+        if (shard, expiry) not in set_already:
+            set_already.add((shard, expiry))
+            timer.set(Timestamp(micros=expiry), dynamic_timer_tag=str(expiry))
+
+
 def shard_of(encoded_key: bytes, shards: int) -> int:
     """The state shard of an encoded key: stable across processes and runs."""
     return zlib.crc32(encoded_key) % shards
@@ -292,12 +308,7 @@ class StatefulUpsertFn(beam.DoFn):
             forgotten = due_already
         if expiries:
             forgotten = expire_tombstones(values, expiries, forgotten, now, retention)
-        for expiry, keys in buried.items():
-            expiries.setdefault(expiry, []).append(_encode(keys))
-            tag = (shard, expiry)
-            if tag not in self._set:
-                self._set.add(tag)
-                apply.set(Timestamp(micros=expiry), dynamic_timer_tag=str(expiry))
+        bury(buried, expiries, shard, self._set, apply)
         stash.clear()
         kept = len(values) + len(priors) + sum(counts.values())
         size = 0

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from beam_supertable import Supertable, UpsertToSupertable
 from beam_upsert import UpsertCommand
+from tests.beam_upsert.test_tombstones import highest_offset_per_key
 
 D = 4
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("emb", pa.list_(pa.float32(), D))])
@@ -140,18 +141,10 @@ def arrivals(draw):
     return commands, events + [("wm", 11)]
 
 
-def _highest_offset_per_key(commands):
-    last = {}
-    for key, name, offset, _ in commands:
-        if key not in last or offset > last[key][0]:
-            last[key] = (offset, name)
-    return sorted((k, n) for k, (_, n) in last.items() if n is not None)
-
-
 def _check(commands, events):
     uri = _uri()
     _run(uri, events, expected_invalid=[])
-    assert _live(uri) == _highest_offset_per_key(commands)
+    assert _live(uri) == highest_offset_per_key(commands)
 
 
 _PROPERTY = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow],
