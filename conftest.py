@@ -17,7 +17,7 @@ PENDING_ENV = "BEAM_PLUGIN_FLINK_PENDING"
 
 
 def _job_server_release():
-    from pipelines.flink import job_server_beam_version
+    from beam_supertable.jobs.flink import job_server_beam_version
     return job_server_beam_version()
 
 

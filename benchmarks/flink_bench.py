@@ -10,7 +10,7 @@
         --environment_config=localhost:50000     # your own running cluster
 
 Run it in the Flink environment (apache-beam matching the job server, see
-pipelines/flink.py); it is not part of any test suite. Every (case, runner)
+beam_supertable/jobs/flink.py); it is not part of any test suite. Every (case, runner)
 runs in its own process and reads its input from files under
 benchmarks/data/ (the upsert benchmark's commands and snapshot, and a
 Parquet file of vector rows), so job start is included in each figure, as a
@@ -204,7 +204,7 @@ class _Drain(beam.DoFn):
 def _options(runner: str, args) -> PipelineOptions:
     if runner == "direct":
         return PipelineOptions()
-    from pipelines import flink
+    from beam_supertable.jobs import flink
     extra = [f"--environment_type={args.environment_type}"]
     if args.environment_config:
         extra.append(f"--environment_config={args.environment_config}")
@@ -260,8 +260,8 @@ class _RunningCluster:
     def start(self) -> "_RunningCluster":
         import socket
         import threading
-        from pipelines import flink
-        from tests.pipelines.flink_cluster import FlinkCluster
+        from beam_supertable.jobs import flink
+        from tests.beam_supertable.jobs.flink_cluster import FlinkCluster
         jar = flink.job_server_jar()
         lib = os.path.join(os.path.dirname(jar), "beam-flink-job-server-lib")
         self.cluster = FlinkCluster(lib, self.work, slots=self.parallelism,
@@ -297,7 +297,7 @@ class _RunningCluster:
 
     def pool_address(self) -> str:
         if self.pool is None:
-            from tests.pipelines.flink_cluster import WorkerPool
+            from tests.beam_supertable.jobs.flink_cluster import WorkerPool
             root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
             self.pool = WorkerPool(self.work, root).start()
         return self.pool.address
@@ -324,7 +324,7 @@ class _RunningCluster:
                         *self.args(runner)], capture_output=True, check=True)
 
     def stop(self) -> None:
-        from tests.pipelines.flink_cluster import stop_group
+        from tests.beam_supertable.jobs.flink_cluster import stop_group
         if self.job_server is not None:
             stop_group(self.job_server)
         if self.pool is not None:

@@ -4,7 +4,7 @@ Formats go by extension (``.parquet``/``.pq``, ``.jsonl``/``.ndjson``/``.json``,
 ``.csv``) unless named. JSON lines hold one object per line. CSV files have a
 header line; a vector cell is a JSON array (``"[0.1, 0.2]"``); an empty cell
 is null except in string columns. Rows that cannot be read become dead letters
-``{"element": ..., "reason": ...}`` naming the file (and, for CSV, the line).
+``Invalid(element, reason)`` naming the file (and, for CSV, the line).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from pipelines.io_formats import BAD_TAG, JOB_NAMESPACE
+from beam_supertable.jobs.io_formats import BAD_TAG, JOB_NAMESPACE
+from beam_upsert import Invalid
 
 FORMATS = ("parquet", "jsonl", "csv")
 _EXTENSIONS = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl",
@@ -251,10 +252,10 @@ def coerce_row(row: Dict[str, Any], schema: pa.Schema) -> Dict[str, Any]:
     return out
 
 
-def dead_letter(element: Any, reason: str) -> pvalue.TaggedOutput:
-    """A counted dead letter on the ``BAD_TAG`` output."""
-    Metrics.counter(JOB_NAMESPACE, "unparseable").inc()
-    return pvalue.TaggedOutput(BAD_TAG, {"element": element, "reason": reason})
+def dead_letter(element: Any, reason: str, counter: str = "unparseable") -> pvalue.TaggedOutput:
+    """A dead letter ``Invalid(element, reason)`` on the ``BAD_TAG`` output, counted."""
+    Metrics.counter(JOB_NAMESPACE, counter).inc()
+    return pvalue.TaggedOutput(BAD_TAG, Invalid(element, reason))
 
 
 class _ParseJsonLine(beam.DoFn):

@@ -20,7 +20,7 @@ from apache_beam.utils.timestamp import Timestamp
 
 from beam_supertable import ReadFromSupertable, Supertable, WriteToSupertable
 from beam_upsert import Upsert
-from pipelines import flink, upsert_changes
+from beam_supertable.jobs import flink, upsert_changes
 from tests.beam_upsert.helpers import FLAVORS, _Stamp, _WithTime, timestamped
 from tests.beam_upsert.reference import reference_upsert
 

@@ -47,12 +47,9 @@ def parse_key(raw: Any) -> Any:
 
 
 def _value(raw: Any) -> Any:
-    # Values must compare by content and travel through Beam's coders.
-    if isinstance(raw, dict):
-        return json.dumps(raw, sort_keys=True)
-    if isinstance(raw, list):
-        return json.dumps(raw)
-    return raw
+    # Values travel as canonical JSON text: they compare by content, pass
+    # through Beam's coders, and decode back to what the input held.
+    return None if raw is None else json.dumps(raw, sort_keys=True)
 
 
 def command_row(element: Any) -> dict:
@@ -70,7 +67,11 @@ def command_row(element: Any) -> dict:
 class ParseCommand(beam.DoFn):
     """A JSON line or a Parquet row dict -> a timestamped UpsertCommand."""
 
+    def setup(self):
+        self._read = Metrics.counter(JOB_NAMESPACE, "commands_read")
+
     def process(self, element):
+        self._read.inc()
         try:
             row = command_row(element)
             if row.get("error") is not None:
@@ -111,10 +112,21 @@ def _json_default(obj):
 
 
 class ChangeToRow(beam.DoFn):
+    """A change -> ``{"key", "value", "error", "diff", "time"}``.
+
+    ``value`` is the value as the input held it (an object, a list, a scalar;
+    null for an error); ``error`` the message of a value that failed to
+    decode, else null: values and errors are encoded the same way in JSON
+    lines and in Parquet.
+    """
+
     def process(self, change, timestamp=beam.DoFn.TimestampParam):
+        error = change.value.message if isinstance(change.value, UpsertError) else None
+        value = None if error is not None or change.value is None else json.loads(change.value)
         yield {
             "key": change.key,
-            "value": change.value,
+            "value": value,
+            "error": error,
             "diff": change.diff,
             "time": timestamp.to_rfc3339(),
         }
@@ -123,6 +135,7 @@ class ChangeToRow(beam.DoFn):
 CHANGE_SCHEMA = pa.schema([
     ("key", pa.string()),
     ("value", pa.string()),
+    ("error", pa.string()),
     ("diff", pa.int8()),
     ("time", pa.timestamp("us", tz="UTC")),
 ])
@@ -132,7 +145,9 @@ def change_to_parquet_row(row: dict) -> dict:
     """Parquet needs one type per column: keys and values go as JSON text."""
     return {
         "key": row["key"] if isinstance(row["key"], str) else json.dumps(row["key"], default=_json_default),
-        "value": None if row["value"] is None else json.dumps(row["value"], default=_json_default),
+        "value": None if row["value"] is None else json.dumps(row["value"], sort_keys=True,
+                                                               default=_json_default),
+        "error": row["error"],
         "diff": row["diff"],
         "time": datetime.datetime.fromisoformat(row["time"].replace("Z", "+00:00")),
     }

@@ -7,7 +7,7 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import upsert_changes
+from beam_supertable.jobs import upsert_changes
 from tests.beam_upsert.reference import reference_upsert
 
 

@@ -22,7 +22,8 @@ from apache_beam.options.pipeline_options import (FlinkRunnerOptions, PipelineOp
 # The Flink minor version of the job server that flink/pom.xml assembles; the
 # runner artifact for it must exist for the job server's apache-beam release.
 FLINK_VERSION = "1.19"
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The repository root (scripts/, flink/); absent where the package is installed.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 JOB_SERVER_SCRIPT = os.path.join(ROOT, "scripts", "flink-job-server")
 JOB_SERVER_POM = os.path.join(ROOT, "flink", "pom.xml")
 JOB_SERVER_JAR_ENV = "BEAM_FLINK_JOB_SERVER_JAR"

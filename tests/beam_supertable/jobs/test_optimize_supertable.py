@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 import pytest
 
 from beam_supertable import Supertable
-from pipelines import flink, optimize_supertable
+from beam_supertable.jobs import flink, optimize_supertable
 
 D = 8
 SCHEMA = pa.schema([("n", pa.int64()), ("body", pa.string()), ("emb", pa.list_(pa.float32(), D))])

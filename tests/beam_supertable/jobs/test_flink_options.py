@@ -1,11 +1,12 @@
-"""pipelines.flink option handling (no Flink runtime needed)."""
+"""beam_supertable.jobs.flink option handling (no Flink runtime needed)."""
 
 import pytest
 from apache_beam.options.pipeline_options import (FlinkRunnerOptions, PipelineOptions,
                                                   PortableOptions)
 
-from pipelines import flink
-from pipelines.upsert_changes import UpsertChangesOptions
+from beam_supertable.jobs import flink
+from beam_supertable.jobs.options import parse
+from beam_supertable.jobs.upsert_changes import build_parser
 
 
 def test_flink_runner_gets_the_local_job_server_and_keeps_the_job_output(monkeypatch, tmp_path):
@@ -13,12 +14,12 @@ def test_flink_runner_gets_the_local_job_server_and_keeps_the_job_output(monkeyp
     jar.write_bytes(b"")
     monkeypatch.setenv(flink.JOB_SERVER_JAR_ENV, str(jar))
     argv = ["--runner=FlinkRunner", "--output", "out/changes.jsonl"]
-    options = flink.fill_defaults(PipelineOptions(argv), argv)
+    options, job = parse(build_parser(), argv)
     assert options.view_as(FlinkRunnerOptions).flink_job_server_jar == str(jar)
     assert options.view_as(FlinkRunnerOptions).flink_version == flink.FLINK_VERSION
     # --output must stay the job's, not become an abbreviated --output_executable_path.
     assert options.view_as(PortableOptions).output_executable_path is None
-    assert options.view_as(UpsertChangesOptions).output == "out/changes.jsonl"
+    assert job.output == "out/changes.jsonl"
 
 
 def test_explicit_choices_are_kept(monkeypatch):
