@@ -1,13 +1,17 @@
-"""The command line: ``python -m beam_supertable {inspect,optimize,vacuum} URI``.
+"""The command line: ``python -m beam_supertable {inspect,optimize,vacuum} --table URI``.
 
-::
+Installed, the same is the console script ``beam-supertable``::
 
-    python -m beam_supertable inspect /data/docs
-    python -m beam_supertable inspect s3://bucket/docs --json \\
+    python -m beam_supertable inspect --table /data/docs
+    python -m beam_supertable inspect --table s3://bucket/docs --json \\
         --storage-options '{"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}'
-    python -m beam_supertable optimize /data/docs --dry-run
-    python -m beam_supertable optimize /data/docs --max-rewrite-bytes 8GiB --vacuum-after
-    python -m beam_supertable vacuum /data/docs --older-than 6h --retain-versions 10
+    python -m beam_supertable optimize --table /data/docs --dry-run
+    python -m beam_supertable optimize --table /data/docs --max-rewrite-bytes 8GiB --vacuum-after
+    python -m beam_supertable vacuum --table /data/docs --older-than 6h --retain-versions 10
+
+The table is named by ``--table``, as in the jobs (``python -m pipelines.<job>``);
+a table given as the first positional argument, as earlier releases took it,
+still works.
 
 Each subcommand takes the options of the API call it runs (``inspect_table``,
 ``Supertable.optimize``, ``Supertable.vacuum``); ``--json`` prints the result
@@ -35,6 +39,7 @@ import time
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO
 
+from beam_supertable._version import __version__
 from beam_supertable.errors import SupertableError
 from beam_supertable.inspection import inspect_table
 from beam_supertable.manifest import DEFAULT_VACUUM_GRACE_S
@@ -52,6 +57,10 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)([wdhms])")
 _BYTE_UNITS = {"": 1, "b": 1, "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "tib": 2 ** 40,
                "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12}
 _BYTES = re.compile(r"(\d+)\s*([kmgt]i?b|b)?", re.IGNORECASE)
+
+
+# The stores' clients log retries and housekeeping; shown with --verbose.
+_NOISY_LOGGERS = ("fsspec", "s3fs", "botocore", "aiobotocore", "urllib3")
 
 
 # -- argument types ------------------------------------------------------------
@@ -126,10 +135,26 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Help lines end ``(default: X)`` where a default is worth showing, as in the jobs."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if ("%(default)" in text or "(default" in text or not action.option_strings
+                or action.default in (None, False, argparse.SUPPRESS)):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="Inspect and maintain a supertable.")
+    parser = _Parser(prog=PROG, description="Inspect and maintain a supertable.",
+                     formatter_class=_HelpFormatter, allow_abbrev=False)
+    parser.add_argument("--version", action="version",
+                        version=f"%(prog)s (beam-upsert-supertable {__version__})")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="log each commit retry and store request retry")
+    parser.add_argument("--debug", action="store_true",
+                        help="print the traceback of an error")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                      parser_class=_Parser)
     duration = _argument_type(parse_duration, "duration")
@@ -137,9 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
     count = _argument_type(_positive_int, "count")
 
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=help_text, description=help_text)
-        sub.add_argument("uri", metavar="URI",
-                         help="the table: a local path, memory://..., s3://bucket/prefix, ...")
+        sub = commands.add_parser(name, help=help_text, description=help_text,
+                                  formatter_class=_HelpFormatter, allow_abbrev=False)
+        sub.add_argument("--table", dest="table", metavar="URI", default=None,
+                         help="the table: a local path, memory://..., s3://bucket/prefix, ... "
+                              "(required)")
+        sub.add_argument("uri", metavar="URI", nargs="?", default=None, help=argparse.SUPPRESS)
         sub.add_argument("--storage-options", type=_argument_type(_storage_options, "JSON"),
                          default=None, metavar="JSON",
                          help="fsspec storage options as a JSON object")
@@ -148,10 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     def vacuum_options(sub: argparse.ArgumentParser, what: str) -> None:
         sub.add_argument("--older-than", type=duration, default=None, metavar="DURATION",
-                         help=f"grace period of the {what} (default "
+                         help=f"grace period of the {what} (default: "
                               f"{_duration_text(DEFAULT_VACUUM_GRACE_S)}); 0s for none")
         sub.add_argument("--retain-versions", type=count, default=10, metavar="N",
-                         help=f"newest versions the {what} keeps (default 10)")
+                         help=f"newest versions the {what} keeps")
 
     inspect = command("inspect", "Summarize a table: versions, rows, superfiles, cells, "
                                  "grids, storage, and what a vacuum would reclaim.")
@@ -160,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     optimize = command("optimize", "Compact small superfiles by cell, drop deleted rows and "
                                    "split oversized cells, in one commit.")
     optimize.add_argument("--target-file-bytes", type=nbytes, default=TARGET_SUPERFILE_BYTES,
-                          metavar="N", help="superfile size to aim for (default 64MiB)")
+                          metavar="N", help="superfile size to aim for (default: 64MiB)")
     optimize.add_argument("--max-cell-rows", type=count, default=None, metavar="N",
                           help="split cells holding more rows than this")
     optimize.add_argument("--max-rewrite-bytes", type=nbytes, default=None, metavar="N",
@@ -233,10 +261,21 @@ _COMMANDS = {"inspect": _inspect, "optimize": _optimize, "vacuum": _vacuum}
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Runs one subcommand; returns the exit status (see the module docstring)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    prog = f"{PROG} {args.command}"
+    if args.table and args.uri and args.table != args.uri:
+        parser.exit(EXIT_USAGE, f"{prog}: error: the table twice: --table {args.table} and "
+                                f"{args.uri}\n")
+    args.uri = args.table or args.uri
+    if not args.uri:
+        parser.exit(EXIT_USAGE, f"{prog}: error: the following arguments are required: "
+                                "--table\n")
+    args.verbose = args.verbose or args.debug
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    prog = f"{PROG} {args.command}"
+    for name in _NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if args.verbose else logging.CRITICAL)
     try:
         doc, text = _COMMANDS[args.command](args)
     except KeyboardInterrupt:
@@ -258,7 +297,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             traceback.print_exc()
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         print(f"{prog}: error: {type(exc).__name__}: {args.uri}: {message}"
-              + ("" if args.verbose else " (run with -v for the traceback)"), file=sys.stderr)
+              + ("" if args.verbose else " (run with --debug for the traceback)"), file=sys.stderr)
         return EXIT_FAILED
     try:
         print(json.dumps(doc, indent=2) if args.json else text, flush=True)

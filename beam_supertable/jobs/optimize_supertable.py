@@ -42,7 +42,7 @@ def build_parser() -> JobParser:
     parser.add_argument(
         "--target-file-bytes", "--target_file_bytes", dest="target_file_bytes", type=byte_size,
         default=DEFAULT_TARGET_FILE_BYTES, metavar="SIZE",
-        help="size rewritten superfiles aim at, in bytes or with a unit (64MiB)")
+        help="size rewritten superfiles aim at, in bytes or with a unit (default: 64MiB)")
     parser.add_argument(
         "--max-cell-rows", "--max_cell_rows", dest="max_cell_rows", type=positive_int,
         default=None, metavar="N",

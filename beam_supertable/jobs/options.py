@@ -62,7 +62,8 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         default = action.default
-        if ("%(default)" in text or not action.option_strings or default is None
+        if ("%(default)" in text or "(default" in text or not action.option_strings
+                or default is None
                 or default is False or default is argparse.SUPPRESS):
             return text
         return f"{text} (default: %(default)s)"
