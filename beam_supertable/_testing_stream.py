@@ -9,6 +9,7 @@ from apache_beam.testing.test_stream import TestStream
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Duration, Timestamp
 
+from beam_supertable._upsert_table import COMMIT_SLOT_US
 from beam_upsert.model import UpsertCommand
 
 __all__ = ["UpsertStream", "upsert_stream"]
@@ -47,6 +48,7 @@ class UpsertStream:
     def __init__(self) -> None:
         self._events: List[Tuple[str, Any]] = []
         self._watermark = MIN_TIMESTAMP
+        self._latest = MIN_TIMESTAMP     # the greatest element time
 
     def command(self, key: Hashable, value: Any, offset: Any, *, at: Seconds) -> "UpsertStream":
         """Adds ``UpsertCommand(key, value, offset)`` at event time ``at``.
@@ -78,6 +80,7 @@ class UpsertStream:
         when = _timestamp(at, "at")
         if not when < MAX_TIMESTAMP:
             raise ValueError(f"upsert_stream: at={at!r} is not before the end of time")
+        self._latest = max(self._latest, when)
         if self._events and self._events[-1][0] == "elements":
             self._events[-1][1].append(TimestampedValue(element, when))
         else:
@@ -118,9 +121,16 @@ class UpsertStream:
         self._events.append(("processing", step))
         return self
 
-    def build(self, *, to_infinity: bool = True) -> TestStream:
+    def build(self, *, to_infinity: bool = True, settle: bool = True) -> TestStream:
         """The ``TestStream``; it ends by moving the watermark to infinity, which
         completes the stream, unless ``to_infinity`` is False.
+
+        With ``settle`` (and ``to_infinity``), the watermark first moves past
+        the commit slot of the latest element and the last watermark step
+        (``UpsertToSupertable`` commits once per second of event time), so
+        every timer the commands set fires while the stream still runs: on
+        the streaming DirectRunner, output that only the final jump to
+        infinity fires can miss ``assert_that``.
 
         The builder is left as it was: ``build`` may be called again.
         """
@@ -133,6 +143,13 @@ class UpsertStream:
             else:
                 stream = stream.advance_processing_time(arg)
         if to_infinity:
+            latest = max(self._latest, self._watermark)
+            if settle and latest > MIN_TIMESTAMP:
+                # Just past the end of the slot: a timer set at the slot's end fires.
+                past = Timestamp(micros=(latest.micros // COMMIT_SLOT_US + 1) * COMMIT_SLOT_US
+                                 + 1000)
+                if past < MAX_TIMESTAMP:
+                    stream = stream.advance_watermark_to(past)
             stream = stream.advance_watermark_to_infinity()
         return stream
 
