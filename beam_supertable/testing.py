@@ -1,9 +1,17 @@
-"""Utilities for testing pipelines that write supertables.
+"""Utilities for testing pipelines that write supertables and changelogs.
 
-``FailFirstAttempt`` is an ``on_stage`` hook for ``WriteToSupertable``: it
-fails the first attempt of each stage it names, after that stage's side
-effects, so a test can check that the runner's retry (or a rerun of the job)
-neither loses nor doubles a row.
+* :func:`temporary_table`: a throwaway table location (``memory://`` or a
+  temporary directory), removed on exit.
+* :func:`table_rows_equal` (an ``assert_that`` matcher) and
+  :func:`assert_table_rows`: a table's live rows against the expected ones.
+* :func:`changelog_equals`: a ``beam_upsert`` changelog against the expected
+  changes, net per key.
+* :func:`upsert_stream`: a ``TestStream`` of upsert commands with watermark
+  and processing-time steps.
+* :class:`FailFirstAttempt`: an ``on_stage`` hook for ``WriteToSupertable``
+  that fails the first attempt of each stage it names, after that stage's
+  side effects, so a test can check that the runner's retry (or a rerun of
+  the job) neither loses nor doubles a row.
 """
 
 from __future__ import annotations
@@ -12,7 +20,12 @@ import hashlib
 import os
 from typing import Iterable, Union
 
-__all__ = ["FailFirstAttempt"]
+from beam_supertable._testing_stream import UpsertStream, upsert_stream
+from beam_supertable._testing_tables import (
+    assert_table_rows, changelog_equals, table_rows_equal, temporary_table)
+
+__all__ = ["FailFirstAttempt", "UpsertStream", "assert_table_rows", "changelog_equals",
+           "table_rows_equal", "temporary_table", "upsert_stream"]
 
 STAGES = ("build", "commit")
 

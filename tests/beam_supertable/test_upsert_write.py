@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from beam_supertable import SchemaMismatchError, Supertable, UpsertToSupertable
+from beam_supertable.testing import assert_table_rows, upsert_stream
 from beam_upsert import UpsertCommand
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -215,13 +216,12 @@ def _stream_run(uri, items, *, until=None):
     With ``until``, only items before that time are sent and the job stops
     (a crash: the rest never arrives).
     """
-    stream = TestStream()
+    stream = upsert_stream()
     for t in sorted({i[3] for i in items}):
         if until is not None and t >= until:
             break
-        stream = stream.add_elements(_commands([i for i in items if i[3] == t]))
-        stream = stream.advance_watermark_to(t + 1)
-    stream = stream.advance_watermark_to_infinity()
+        stream.commands([i for i in items if i[3] == t]).advance_watermark(to=t + 1)
+    stream = stream.build()
     p = TestPipeline(options=PipelineOptions(streaming=True))
     commits = (p | stream
                | UpsertToSupertable(uri, schema=SCHEMA, primary_key="id"))
@@ -245,7 +245,7 @@ def test_unbounded_commits_per_firing_and_restart_resumes_from_the_frontier(tmp_
     single = str(tmp_path / "single")
     _stream_run(single, STREAM)
     t = Supertable.open(single)
-    assert _table(single) == _model(STREAM)
+    assert_table_rows(single, _model(STREAM), columns=["id", "name"], key="id")
     assert t.version > 2                       # one commit per firing, not one in all
     assert t.frontier == 7 * S                 # the end of the last slot applied
     fronts = [t.checkout(v).frontier for v in range(1, t.version + 1)]
@@ -436,15 +436,13 @@ def test_commands_reach_the_first_shuffle_without_a_side_input_step(tmp_path):
 def _stream_batches_run(uri, batches, *, state_shards):
     """``batches``: ``[(time_micros, [(key, row | None, offset), ...]), ...]`` in
     ascending time; the watermark passes each batch's time after it."""
-    stream = TestStream()
+    stream = upsert_stream()
     for at, commands in batches:
-        stream = stream.add_elements([TimestampedValue(UpsertCommand(k, r, o),
-                                                       Timestamp(micros=at))
-                                      for k, r, o in commands])
+        stream.commands([(k, r, o, Timestamp(micros=at)) for k, r, o in commands])
         # (TestStream watermarks are whole milliseconds.)
-        stream = stream.advance_watermark_to(Timestamp(micros=(at // 1000 + 1) * 1000))
+        stream.advance_watermark(to=Timestamp(micros=(at // 1000 + 1) * 1000))
     p = TestPipeline(options=PipelineOptions(streaming=True))
-    _ = (p | stream.advance_watermark_to_infinity()
+    _ = (p | stream.build()
          | UpsertToSupertable(uri, schema=SCHEMA, primary_key="id", state_shards=state_shards))
     p.run().wait_until_finish()
 
@@ -473,7 +471,7 @@ def test_keys_sharing_a_state_shard_equal_the_reference(raw, shards):
             items.append((k, row, o, at / S))
         batches.append((at, batch))
     _stream_batches_run(uri, batches, state_shards=shards)
-    assert _table(uri) == _model(items)
+    assert_table_rows(uri, _model(items), columns=["id", "name"], key="id")
     live = Supertable.open(uri).to_arrow(columns=["id"])["id"].to_pylist()
     assert len(live) == len(set(live))
 

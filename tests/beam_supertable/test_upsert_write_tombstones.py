@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from beam_supertable import Supertable, UpsertToSupertable
+from beam_supertable.testing import assert_table_rows
 from beam_upsert import UpsertCommand
 from tests.beam_upsert.test_tombstones import highest_offset_per_key
 
@@ -52,9 +53,10 @@ def _run(uri, events, expected_invalid=None, **kwargs):
     p.run().wait_until_finish()
 
 
-def _live(uri):
-    rows = Supertable.open(uri).to_arrow(columns=["id", "name"]).to_pylist()
-    return sorted((r["id"], r["name"]) for r in rows)
+def _assert_live(uri, pairs):
+    """The table's live rows are ``(id, name)`` pairs, one per key."""
+    assert_table_rows(uri, [{"id": k, "name": n} for k, n in pairs], columns=["id", "name"],
+                      key="id")
 
 
 def _uri():
@@ -73,19 +75,19 @@ SCENARIO = [
 def test_a_stale_late_insert_does_not_resurrect_a_deleted_key():
     uri = _uri()
     _run(uri, SCENARIO, expected_invalid=[])
-    assert _live(uri) == []
+    _assert_live(uri, [])
 
 
 def test_a_newer_late_command_is_applied():
     uri = _uri()
     _run(uri, SCENARIO[:3] + [("add", [(1, "v9", 5, 1)]), ("wm", 11)])
-    assert _live(uri) == [(1, "v9")]
+    _assert_live(uri, [(1, "v9")])
 
 
 def test_after_the_horizon_the_late_insert_is_too_late():
     uri = _uri()
     _run(uri, SCENARIO, tombstone_retention=1, expected_invalid=[((1,), "too late")])
-    assert _live(uri) == []
+    _assert_live(uri, [])
 
 
 def test_a_forgotten_key_read_back_from_an_older_version_is_written_again():
@@ -98,13 +100,13 @@ def test_a_forgotten_key_read_back_from_an_older_version_is_written_again():
     Supertable.open(uri).upsert([_row(1, "v1")])
     _run(uri, [("add", [(1, None, 3, 2)]), ("wm", 10), ("add", [(1, "v1", 4, 12)]),
                ("wm", 13)], tombstone_retention=1)
-    assert _live(uri) == [(1, "v1")]
+    _assert_live(uri, [(1, "v1")])
 
 
 def test_zero_retention_keeps_the_old_behaviour():
     uri = _uri()
     _run(uri, SCENARIO, tombstone_retention=0)
-    assert _live(uri) == [(1, "v0")]
+    _assert_live(uri, [(1, "v0")])
 
 
 def test_tombstone_retention_is_validated_and_displayed():
@@ -144,7 +146,7 @@ def arrivals(draw):
 def _check(commands, events):
     uri = _uri()
     _run(uri, events, expected_invalid=[])
-    assert _live(uri) == highest_offset_per_key(commands)
+    _assert_live(uri, highest_offset_per_key(commands))
 
 
 _PROPERTY = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow],
