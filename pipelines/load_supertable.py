@@ -19,6 +19,7 @@ import pyarrow as pa
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_supertable import Supertable
+from beam_upsert import Invalid
 from beam_supertable.transforms import NAMESPACE as TABLE_NAMESPACE
 from beam_supertable.transforms import WriteToSupertable
 from beam_supertable.vector.metric import METRICS
@@ -102,8 +103,8 @@ class _Coerce(beam.DoFn):
 
 
 def _to_dead_letter(bad) -> dict:
-    if isinstance(bad, tuple):  # WriteToSupertable's (row, reason)
-        return {"element": bad[0], "reason": bad[1]}
+    if isinstance(bad, Invalid):  # WriteToSupertable's Invalid(row, reason)
+        return {"element": bad.element, "reason": bad.reason}
     return bad
 
 
