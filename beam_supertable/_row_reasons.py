@@ -68,25 +68,31 @@ def _vector_problem(field: pa.Field, value: Any, finite: bool) -> Optional[str]:
     t = field.type
     want = f"column {field.name!r} expects {type_name(t)}"
     if not _is_sequence(value):
-        return f"{want}, got {got(value)}"
-    values = list(np.asarray(value).ravel()) if isinstance(value, np.ndarray) else list(value)
+        try:   # Arrow takes some other values as lists (bytes as a list of ints)
+            values = pa.array([value], type=t).to_pylist()[0]
+        except _CONVERT_ERRORS:
+            return f"{want}, got {got(value)}"
+    else:
+        values = list(np.asarray(value).ravel()) if isinstance(value, np.ndarray) else list(value)
     if len(values) != t.list_size or (isinstance(value, np.ndarray) and value.ndim != 1):
         shape = f" (shape {value.shape})" if isinstance(value, np.ndarray) else ""
         return f"{want}, got {len(values)}{shape}"
-    item = pa.float64() if finite else t.value_type   # vectors narrow to the table's floats
     for i, v in enumerate(values):
         if v is None and finite:
             return f"{want}, got null at position {i}"
         try:
-            pa.array([v], type=item)
+            pa.array([v], type=t.value_type)
         except _CONVERT_ERRORS:
             return f"{want}, got {got(v)} at position {i}"
     if finite:
         item_name = type_name(t.value_type)
         want = f"column {field.name!r} expects {t.list_size} finite {item_name} values"
-        wide = pa.array(values, pa.float64())
-        # Cast as conform casts (unsafe: float64 narrows to float32).
-        narrowed = wide.cast(t.value_type, safe=False).to_numpy(zero_copy_only=False)
+        try:
+            wide = pa.array(values, pa.float64())
+            # Cast as conform casts (unsafe: float64 narrows to float32).
+            narrowed = wide.cast(t.value_type, safe=False).to_numpy(zero_copy_only=False)
+        except _CONVERT_ERRORS:
+            return None   # not found here: conform's own message tells
         for i, (v, n) in enumerate(zip(wide.to_pylist(), narrowed)):
             if not math.isfinite(v):
                 return f"{want}, got {_NON_FINITE.get(str(v), v)} at position {i}"
