@@ -49,7 +49,7 @@ def id_column(schema: pa.Schema) -> Optional[str]:
     return names[0] if names else None
 
 
-def row_label(row: Any, position: str, id_col: Optional[str]) -> str:
+def row_label(row: Any, position: Any, id_col: Optional[str]) -> str:
     """``row with id 'doc-7'`` when the row has a plain id, else ``row <position>``."""
     if id_col is not None and isinstance(row, Mapping):
         value = row.get(id_col)

@@ -3,30 +3,8 @@
 Every transform of ``beam_upsert`` and ``beam_supertable`` sends what it
 refuses to its ``invalid`` output as ``Invalid(element, reason)``;
 :func:`invalid_to_json` writes one as a line of JSON that any strict parser
-reads back::
-
-    {"element": <the element as JSON>, "reason": "..."}
-
-The element is encoded the same way wherever it sits (at the top, inside a
-command's value, inside a list), so a value and an error are told apart by
-their shape alone:
-
-* dicts become objects (a key that is not a string becomes the JSON text of
-  the key; of two keys with one text, the one with the greater encoded value
-  is kept), tuples, lists, sets and numpy arrays become arrays (sets sorted
-  by their encoding);
-* ``UpsertCommand`` becomes ``{"key", "value", "offset"}``, ``Invalid``
-  ``{"element", "reason"}`` and ``UpsertError`` ``{"error": message}``;
-* bytes become text (UTF-8; bytes that are not UTF-8 are escaped as
-  ``\\xNN``), datetimes, dates and times ISO-8601 text, Beam timestamps
-  RFC 3339 text, timedeltas seconds, ``Decimal`` its exact text;
-* numpy scalars become numbers or booleans; the floats NaN, infinity and
-  minus infinity (which JSON lacks) become the strings ``"NaN"``,
-  ``"Infinity"`` and ``"-Infinity"``;
-* anything else becomes its ``repr``.
-
-Keys are sorted, separators fixed and text ASCII (other characters escaped),
-so one dead letter always encodes to one string.
+reads back, encoding a value the same way wherever it sits (at the top,
+inside a command's value, inside a list).
 """
 
 from __future__ import annotations
@@ -67,11 +45,8 @@ def _dumps(value: Any) -> str:
 
 
 def to_json_value(obj: Any) -> Any:
-    """``obj`` as plain JSON data (dicts, lists, str, int, float, bool, None).
-
-    The rules are those of the module docstring; :func:`invalid_to_json`
-    applies them to a dead letter's element.
-    """
+    """``obj`` as plain JSON data (dicts, lists, str, int, float, bool, None), by
+    the rules :func:`invalid_to_json` applies to a dead letter's element."""
     # The model's named tuples first: they are tuples too.
     if isinstance(obj, UpsertCommand):
         return {"key": to_json_value(obj.key), "value": to_json_value(obj.value),
@@ -121,6 +96,32 @@ def to_json_value(obj: Any) -> Any:
 
 def invalid_to_json(invalid: Any) -> str:
     """One dead letter as one line of JSON: ``{"element": ..., "reason": "..."}``.
+
+    The element is encoded the same way wherever a value sits (at the top,
+    inside a command's value, inside a list), so a value and an error are
+    told apart by their shape alone:
+
+    * dicts become objects (a key that is not a string becomes the JSON text
+      of the key; of two keys with one text, the one with the greater
+      encoded value is kept), tuples, lists, sets and numpy arrays become
+      arrays (sets sorted by their encoding);
+    * ``UpsertCommand`` becomes ``{"key", "value", "offset"}``, ``Invalid``
+      ``{"element", "reason"}`` and ``UpsertError`` ``{"error": message}``;
+    * bytes become text (UTF-8; bytes that are not UTF-8 are escaped as
+      ``\\xNN``), datetimes, dates and times ISO-8601 text, Beam timestamps
+      RFC 3339 text, timedeltas seconds, ``Decimal`` its exact text;
+    * numpy scalars become numbers or booleans; the floats NaN, infinity and
+      minus infinity (which JSON lacks) become the strings ``"NaN"``,
+      ``"Infinity"`` and ``"-Infinity"``;
+    * pyarrow scalars and arrays their Python values; anything else its
+      ``repr``.
+
+    Keys are sorted, separators fixed and the text ASCII (other characters
+    escaped), so one dead letter always encodes to one string.
+
+    Example::
+
+        _ = result.invalid | beam.Map(invalid_to_json) | beam.io.WriteToText(path)
 
     Args:
         invalid: an ``Invalid(element, reason)`` (or any ``(element, reason)``
