@@ -10,9 +10,12 @@ import pyarrow as pa
 from apache_beam import pvalue
 from apache_beam.utils.windowed_value import WindowedValue
 
+from beam_supertable._row_reasons import find_problems, value_problem
 from beam_supertable.errors import SchemaMismatchError
 from beam_supertable.schema import conform
-from beam_supertable._upsert_table import INVALID_TAG, VALIDATE_BATCH_ROWS, _Settings, _UNSETTLED_TAG, _key_of, _key_table, _open_or_create
+from beam_supertable._upsert_table import (
+    INVALID_TAG, VALIDATE_BATCH_ROWS, _Settings, _UNSETTLED_TAG, _key_of, _key_table,
+    _open_or_create)
 from beam_upsert.metrics import UpsertCounters
 from beam_upsert.model import Invalid, check_command
 from beam_upsert.prepare import encode_key
@@ -30,10 +33,10 @@ class _Validate(beam.DoFn):
 
     Malformed commands go to ``invalid`` with the reason. Rows that do not
     fit the schema and rows whose key columns disagree with the command's
-    key go to ``unsettled`` as ``(command, reason)``: invalid unless they
-    fall below the pinned frontier (``_Settle``). Commands below the
-    frontier are dropped after this step (by the grouped or the stateful
-    apply). Rows come out canonical (as the table would return
+    key go to ``unsettled`` as ``(command, reason)``, the reason naming the
+    key and the column: invalid unless they fall below the pinned frontier
+    (``_Settle``). Commands below the frontier are dropped after this step
+    (by the grouped or the stateful apply). Rows come out canonical (as the table would return
     them), so comparing a new value with the prior read back from the table
     is exact. Commands are conformed ``VALIDATE_BATCH_ROWS`` at a time; each
     keeps its own timestamp and window.
@@ -85,22 +88,23 @@ class _Validate(beam.DoFn):
             if command is None:
                 yield self._reject(element, ts, win, reason)
                 continue
-            value = command.value
+            value, key = command.value, command.key
             if value is not None and not isinstance(value, dict):
                 yield self._unsettled(element, ts, win, (
-                    f"the row must be a dict of the table's columns {self._schema.names} or "
-                    f"None (a delete), got {type(value).__name__}"))
+                    f"key {key!r}: the row must be a dict of the table's columns "
+                    f"{self._schema.names} or None (a delete), got {type(value).__name__}"))
                 continue
             if value is not None:
                 extra = [c for c in value if c not in self._schema.names]
                 if extra:
                     yield self._unsettled(element, ts, win, (
-                        f"column(s) {extra} are not in the table schema {self._schema.names}"))
+                        f"key {key!r}: column(s) {extra} are not in the table schema "
+                        f"{self._schema.names}"))
                     continue
-            if len(self._names) > 1 and not (isinstance(command.key, tuple)
-                                             and len(command.key) == len(self._names)):
+            if len(self._names) > 1 and not (isinstance(key, tuple)
+                                             and len(key) == len(self._names)):
                 yield self._unsettled(element, ts, win, (
-                    f"key {command.key!r} must be a tuple of {len(self._names)} values, one "
+                    f"key {key!r} must be a tuple of {len(self._names)} values, one "
                     f"per key column {self._names}"))
                 continue
             ok.append((element, ts, win, command))
@@ -118,49 +122,49 @@ class _Validate(beam.DoFn):
                 yield self._unsettled(element, ts, win, key)
                 continue
             if isinstance(row, _Reason):
-                yield self._unsettled(element, ts, win, row)
+                yield self._unsettled(element, ts, win, f"key {command.key!r}: {row}")
                 continue
             if row is not None:
                 held = _key_of(row, self._names)
                 if held != key:
                     yield self._unsettled(element, ts, win, (
-                        f"the row's key {held!r} (column(s) {self._names}) disagrees with the "
-                        f"command's key {command.key!r}"))
+                        f"key {command.key!r}: the row's key column(s) {self._names} hold "
+                        f"{held!r}, not the command's key"))
                     continue
             yield WindowedValue((encode_key(key), (ts.micros, command.offset, row)), ts, [win])
 
     def _conform(self, rows: List[dict]) -> List[Union[dict, str]]:
-        """Each row canonical, or a string saying why it does not fit."""
+        """Each row canonical, or a reason (``column 'c' expects ..., got ...``)."""
         if not rows:
             return []
         try:
             return self._one(rows)
-        except (SchemaMismatchError, pa.ArrowException, TypeError, ValueError, KeyError,
-                OverflowError):
+        except _CONFORM_ERRORS:
             pass
-        out: List[Union[dict, str]] = []
-        for row in rows:   # find the offenders one by one; keep the rest
+        # The slow path, only for a batch that does not fit: the offenders,
+        # found column by column; the rest conform together.
+        out: List[Union[dict, str]] = [None] * len(rows)
+        problems = find_problems(rows, self._schema, self._vector)
+        for n, problem in problems.items():
+            out[n] = _Reason(problem)
+        rest = [n for n in range(len(rows)) if n not in problems]
+        try:
+            for n, row in zip(rest, self._one([rows[n] for n in rest]) if rest else []):
+                out[n] = row
+            return out
+        except _CONFORM_ERRORS:
+            pass
+        for n in rest:   # a cause the columns did not show: row by row
             try:
-                out.extend(self._one([row]))
-            except (SchemaMismatchError, pa.ArrowException, TypeError, ValueError,
-                    KeyError, OverflowError) as exc:
-                out.append(_Reason(self._diagnose(row, exc)))
+                out[n] = self._one([rows[n]])[0]
+            except _CONFORM_ERRORS as exc:
+                out[n] = _Reason(str(exc).replace(f"{self._s.uri}: ", "", 1))
         return out
 
     def _one(self, rows: List[dict]) -> List[dict]:
         table = pa.Table.from_pylist(rows, schema=self._schema) \
             if all(set(r) == set(self._schema.names) for r in rows) else rows
         return conform(self._s.uri, table, self._schema, self._vector).to_pylist()
-
-    def _diagnose(self, row, exc) -> str:
-        for field in self._schema:
-            try:
-                pa.array([row.get(field.name)], type=field.type)
-            except (pa.ArrowException, TypeError, ValueError, OverflowError) as err:
-                return f"column {field.name!r}: {err}"
-            if row.get(field.name) is None and not field.nullable:
-                return f"column {field.name!r} is not nullable but the row has no value for it"
-        return str(exc).replace(f"{self._s.uri}: ", "", 1)
 
     def _canonical_keys(self, keys: List[Any]) -> List[Any]:
         """Keys cast to the key columns' types (so 7 and 7.0 are one key), or reasons."""
@@ -175,13 +179,25 @@ class _Validate(beam.DoFn):
                 out.append(_key_of(_key_table([key], self._schema, self._names).to_pylist()[0],
                                    self._names))
             except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
-                out.append(_Reason(
-                    f"key {key!r} does not fit the key column(s) {self._names}: {exc}"))
+                out.append(_Reason(f"key {key!r}: {self._key_problem(key) or exc}"))
         for i, key in enumerate(out):
             if key is None or (isinstance(key, tuple) and None in key):
-                out[i] = _Reason(f"key {keys[i]!r} has a null part; key columns are not "
-                                 "nullable")
+                out[i] = _Reason(f"key {keys[i]!r}: {self._key_problem(keys[i])}")
         return out
+
+    def _key_problem(self, key: Any) -> str:
+        """Which key column the key's part does not fit, and why."""
+        parts = key if len(self._names) > 1 else (key,)
+        for name, part in zip(self._names, parts):
+            field = self._schema.field(name).with_nullable(False)  # key columns hold no null
+            problem = value_problem(field, part)
+            if problem is not None:
+                return f"key {problem}"
+        return "the key does not fit the key columns"
+
+
+_CONFORM_ERRORS = (SchemaMismatchError, pa.ArrowException, TypeError, ValueError, KeyError,
+                   OverflowError)
 
 
 # -- applying commands per key ------------------------------------------------------------

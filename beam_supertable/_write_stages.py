@@ -18,6 +18,7 @@ from apache_beam import pvalue
 from apache_beam.metrics import Metrics
 from apache_beam.utils.windowed_value import WindowedValue
 
+from beam_supertable._row_reasons import find_problems, got, id_column, row_label
 from beam_supertable._write_checks import _refuse_keyed
 from beam_supertable.errors import SchemaMismatchError
 from beam_supertable.manifest import Manifest
@@ -27,6 +28,8 @@ from beam_supertable.schema import conform
 from beam_supertable.superfile import vectors_of
 from beam_supertable.table import Supertable
 from beam_supertable.writer import assign_cells, build_and_upload, shard_count
+from beam_upsert.model import Invalid
+
 INVALID_TAG = "invalid"
 DEFAULT_BATCH_ROWS = 4096
 DEFAULT_GRID_SAMPLE_ROWS = 50_000
@@ -124,8 +127,11 @@ def _pinned(uri: str, options: str, version: int) -> Supertable:
 class _ToBatches(beam.DoFn):
     """A list of rows (dicts) or RecordBatches -> conformed Arrow tables.
 
-    Rows that do not fit go to ``invalid`` with the reason (or fail the job
-    with ``on_invalid="fail"``); the others go on.
+    Rows that do not fit go to ``invalid`` as ``Invalid(row, reason)`` (or
+    fail the job with ``on_invalid="fail"``); the others go on. A reason
+    names the row (by its ``id`` column when the table has one, else by its
+    position in the batch or in its RecordBatch), the column, what the
+    table expects and what the row holds.
     """
 
     def __init__(self, table: _TableRef, on_invalid: str) -> None:
@@ -135,71 +141,97 @@ class _ToBatches(beam.DoFn):
         table = self._table.open()
         self._schema = table.user_schema
         self._names = frozenset(self._schema.names)
+        self._id = id_column(self._schema)
         vp = table.properties.get("vector")
         self._vector = vp["column"] if vp else None
         self._invalid = Metrics.counter(NAMESPACE, "invalid_rows")
 
     def process(self, elements):
-        rows = []
-        for element in elements:
+        rows, where = [], []   # the rows to conform, and each one's position
+        for i, element in enumerate(elements):
             if isinstance(element, (pa.RecordBatch, pa.Table)):
                 try:
                     yield conform(self._uri, element, self._schema, self._vector)
                 except (SchemaMismatchError, pa.ArrowException, TypeError, ValueError):
-                    rows.extend(element.to_pylist())  # find the offending rows below
+                    # Find the offending rows below.
+                    kind = type(element).__name__
+                    batch = element.to_pylist()
+                    rows.extend(batch)
+                    where.extend(f"{j} of a {kind}" for j in range(len(batch)))
             elif isinstance(element, dict):
                 rows.append(element)
+                where.append(i)
             else:
-                yield from self._reject(element, "expected a dict row or a RecordBatch, got "
-                                                 f"{type(element).__name__}")
+                yield from self._reject(element, f"row {i}: expected a dict row or a "
+                                                 f"RecordBatch, got {got(element)}")
         if rows:
-            yield from self._conform_rows(rows)
+            yield from self._conform_rows(rows, where)
 
     def _one(self, rows):
         return conform(self._uri, pa.Table.from_pylist(rows, schema=self._schema),
                        self._schema, self._vector)
 
-    def _conform_rows(self, rows):
+    def _label(self, row, position) -> str:
+        return row_label(row, position, self._id)
+
+    def _conform_rows(self, rows, where):
         # Table.from_pylist drops keys the schema lacks: a misspelled column
         # would vanish silently, so they are looked for first, row by row.
         clean = []
-        for row in rows:
+        for row, position in zip(rows, where):
             if self._names.issuperset(row):
-                clean.append(row)
+                clean.append((row, position))
             else:
                 extra = [k for k in row if k not in self._names]
-                yield from self._reject(row, f"column(s) {extra} are not in the table schema "
-                                             f"{self._schema.names}")
+                yield from self._reject(row, f"{self._label(row, position)}: column(s) {extra} "
+                                             f"are not in the table schema {self._schema.names}")
         if not clean:
             return
         try:
-            yield self._one(clean)
+            yield self._one([row for row, _ in clean])
             return
-        except (SchemaMismatchError, pa.ArrowException, TypeError, ValueError, KeyError):
+        except _CONFORM_ERRORS:
+            pass
+        # The slow path, only for a batch that does not fit: the offenders,
+        # found column by column; the rest conform together.
+        problems = find_problems([row for row, _ in clean], self._schema, self._vector)
+        rest = []
+        for n, (row, position) in enumerate(clean):
+            if n in problems:
+                yield from self._reject(row, f"{self._label(row, position)}: {problems[n]}")
+            else:
+                rest.append((row, position))
+        if not rest:
+            return
+        try:
+            yield self._one([row for row, _ in rest])
+            return
+        except _CONFORM_ERRORS:
             pass
         good = []
-        for row in clean:  # find the offenders one by one; keep the rest
+        for row, position in rest:   # a cause the columns did not show: row by row
             try:
                 good.append(self._one([row]))
-            except (SchemaMismatchError, pa.ArrowException, TypeError, ValueError, KeyError) as exc:
-                yield from self._reject(row, self._diagnose(row, exc))
+            except _CONFORM_ERRORS as exc:
+                yield from self._reject(row, f"{self._label(row, position)}: "
+                                             f"{_without_uri(exc, self._uri)}")
         if good:
             yield pa.concat_tables(good)
-
-    def _diagnose(self, row, exc) -> str:
-        """Names the first column of ``row`` that does not convert, with why."""
-        for field in self._schema:
-            try:
-                pa.array([row.get(field.name)], type=field.type)
-            except (pa.ArrowException, TypeError, ValueError) as err:
-                return f"column {field.name!r}: {err}"
-        return str(exc)
 
     def _reject(self, element, reason):
         if self._on_invalid == "fail":
             raise SchemaMismatchError(f"WriteToSupertable: invalid row {element!r}: {reason}")
         self._invalid.inc()
-        yield pvalue.TaggedOutput(INVALID_TAG, (element, reason))
+        yield pvalue.TaggedOutput(INVALID_TAG, Invalid(element, reason))
+
+
+_CONFORM_ERRORS = (SchemaMismatchError, pa.ArrowException, TypeError, ValueError, KeyError,
+                   OverflowError)
+
+
+def _without_uri(exc: Exception, uri: str) -> str:
+    """``conform``'s message without the table's address in front."""
+    return str(exc).replace(f"{uri}: ", "", 1)
 
 
 class _SampleVectors(beam.CombineFn):

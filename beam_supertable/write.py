@@ -69,7 +69,7 @@ class WriteToSupertable(beam.PTransform):
                                            vector_column="emb", fts_columns=["body"])
         # commits: CommitResult(version, rows, superfiles, deduplicated), one per commit
         result = rows | WriteToSupertable(...).with_invalid_output()
-        # result.commits, and result.invalid: (row, reason) for rows that do not fit
+        # result.commits, and result.invalid: Invalid(row, reason) for rows that do not fit
 
     Args:
         uri: the table; created (with the other settings) inside the
@@ -228,8 +228,16 @@ class WriteToSupertable(beam.PTransform):
     def with_invalid_output(self) -> "WriteToSupertable":
         """Makes the transform return ``WriteResult(commits, invalid)``.
 
-        ``invalid`` holds ``(row, reason)`` for every row that does not fit the
-        schema (they are dropped and counted either way).
+        ``invalid`` holds ``beam_upsert.Invalid(row, reason)`` for every row
+        that does not fit the schema (they are dropped and counted either
+        way), as ``UpsertToSupertable``'s ``invalid`` does for commands. An
+        ``Invalid`` is a 2-tuple: ``row, reason = bad`` works as it did when
+        these were plain tuples. The reason names the row (by its ``id`` or
+        ``*_id`` column when the table has one, else by its position in the
+        batch a worker conformed, or in its RecordBatch), the column, what
+        the table expects and what the row holds, e.g. ``row 3: column
+        'reading' expects int64, got str 'abc'``. ``beam_upsert.invalid_to_json``
+        writes one as a line of JSON.
         """
         self._with_invalid = True
         return self

@@ -7,6 +7,7 @@ columnar path over Arrow record batches.
 from importlib import metadata as _metadata
 
 from beam_upsert.columnar import UpsertBatches, UpsertTableResult, batches_to_changes, upsert_table
+from beam_upsert.dead_letters import invalid_to_json
 from beam_upsert.model import Change, Invalid, UpsertCommand, UpsertError
 from beam_upsert.transform import Upsert, UpsertResult
 
@@ -28,5 +29,6 @@ __all__ = [
     "UpsertResult",
     "UpsertTableResult",
     "batches_to_changes",
+    "invalid_to_json",
     "upsert_table",
 ]

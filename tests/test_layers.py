@@ -34,8 +34,8 @@ LAYER_NAMES = ["errors", "indexes", "storage and format", "table", "Beam adapter
 SUPERTABLE_LAYERS = {
     ERRORS: {"errors", "_version"},
     INDEX: {"vector", "fts"},   # the subpackages, whole
-    STORAGE: {"store", "cache", "digest", "expression", "schema", "filters", "keys",
-              "deletes", "ids", "superfile", "reader", "writer", "manifest",
+    STORAGE: {"store", "cache", "digest", "expression", "schema", "_row_reasons", "filters",
+              "keys", "deletes", "ids", "superfile", "reader", "writer", "manifest",
               "_manifest_doc", "_manifest_tokens", "_manifest_vacuum"},
     TABLE: {"_handle", "mutation", "optimize", "_optimize_plan", "lookup", "table",
             "_table_search", "_table_write", "inspection"},

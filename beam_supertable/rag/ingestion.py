@@ -20,6 +20,7 @@ from beam_supertable.schema import ID as ROW_ID
 from beam_supertable.table import Supertable
 from beam_supertable.transforms import INVALID_TAG, CommitResult, WriteResult, WriteToSupertable
 from beam_supertable.vector.metric import check_metric
+from beam_upsert.model import Invalid
 from beam_supertable.rag._common import (
     CONTENT_COLUMN, Chunk, DEFAULT_METRIC, EMBEDDING_COLUMN, ID_COLUMN, METADATA_COLUMN,
     NAMESPACE, ON_INVALID, RESERVED_COLUMNS, _WriteConfigBase, _dense_of, _metadata_value,
@@ -143,7 +144,8 @@ class SupertableVectorWriterConfig(_WriteConfigBase):
         """The PTransform that writes a PCollection of Chunks; returns the commits.
 
         ``.with_invalid_output()`` on it returns ``WriteResult(commits, invalid)``
-        with ``(element, reason)`` for each chunk that could not be stored.
+        with ``beam_upsert.Invalid(element, reason)`` for each chunk that could
+        not be stored.
 
         When the table is absent and no ``dimension`` is configured, the first
         chunk decides the dimension: the (bounded) input is gathered on one
@@ -167,7 +169,7 @@ class _ChunkToRow(beam.DoFn):
             if self._on_invalid == "fail":
                 raise SchemaMismatchError(f"SupertableVectorWriterConfig: {exc}") from exc
             self._invalid.inc()
-            yield pvalue.TaggedOutput(INVALID_TAG, (chunk, str(exc)))
+            yield pvalue.TaggedOutput(INVALID_TAG, Invalid(chunk, str(exc)))
 
 
 class _CreateFromFirstChunk(beam.DoFn):
@@ -205,7 +207,7 @@ class _CreateFromFirstChunk(beam.DoFn):
             if c.on_invalid == "fail":
                 raise SchemaMismatchError(f"SupertableVectorWriterConfig: {reason}")
             self._invalid.inc()
-            yield pvalue.TaggedOutput(INVALID_TAG, (row, reason))
+            yield pvalue.TaggedOutput(INVALID_TAG, Invalid(row, reason))
         if good:
             before = len(table.superfiles())
             version = table.append(pa.Table.from_pylist(good, schema=table.user_schema),
@@ -246,8 +248,8 @@ class _WriteChunks(beam.PTransform):
 
     def with_invalid_output(self) -> "_WriteChunks":
         """Makes the transform return ``WriteResult(commits, invalid)``; ``invalid``
-        holds ``(element, reason)``: the Chunk when it could not become a row,
-        else the row that did not fit the table."""
+        holds ``beam_upsert.Invalid(element, reason)``: the Chunk when it could
+        not become a row, else the row that did not fit the table."""
         self._with_invalid = True
         return self
 

@@ -135,6 +135,8 @@ def test_a_commit_per_write_and_chunks_that_cannot_be_stored_go_to_invalid(tmp_p
               | config.create_write_transform().with_invalid_output())
     assert_that(result.commits | beam.Map(lambda c: (c.version, c.rows)), equal_to([(1, 5)]),
                 label="commits")
+    assert_that(result.invalid | "Kinds" >> beam.Map(lambda bad: type(bad).__name__),
+                equal_to(["Invalid"] * len(bad)), label="kinds")
     reasons = result.invalid | beam.Map(lambda bad: bad[1])
     assert_that(reasons, lambda got: _reasons_name(got, [
         "'no-emb' has no dense embedding", "'short': the embedding has 2 values",

@@ -48,7 +48,7 @@ def _run(uri, items, *, options=None, expect_commits=None, expect_invalid=None, 
         assert_that(result.commits | beam.Map(lambda c: (c.rows, c.deduplicated)),
                     equal_to(expect_commits), label="Commits")
     if expect_invalid is not None:
-        assert_that(result.invalid | beam.Map(lambda i: (i.element[0], i.reason.split(":")[0])),
+        assert_that(result.invalid | beam.Map(lambda i: (i.element[0], i.reason)),
                     equal_to(expect_invalid), label="Invalid")
     out = p.run()
     out.wait_until_finish()
@@ -140,12 +140,48 @@ def test_invalid_commands_go_to_the_dead_letter_output(tmp_path):
     def check(got):
         text = " | ".join(r for _, r in got)
         assert len(got) == 6, got
-        for needle in ("disagrees with the command's key 2", "column 'emb'",
+        for needle in ("key 2: the row's key column(s) ['id'] hold 3, not the command's key",
+                       "key 4: column 'emb' expects 4 float32 values, got 1",
                        "['nope'] are not in the table schema", "must be a dict",
                        "key is None", "3-tuple"):
             assert needle in text, (needle, text)
 
     assert_that(reasons, check)
+    p.run().wait_until_finish()
+    assert _table(uri) == [{"id": 1, "name": "ok"}]
+
+
+def test_each_kind_of_bad_row_is_an_invalid_naming_key_column_and_type(tmp_path):
+    uri = str(tmp_path / "t")
+    big = 2**70
+    items = [
+        (1, _row(1, "ok"), 1, 10),
+        (2, {"id": 2, "name": 5, "emb": [1.0, 1.0, 0.0, 0.0]}, 2, 10),
+        (3, {"id": 3, "name": "short", "emb": [1.0, 2.0]}, 3, 10),
+        (4, {"id": 4, "name": "nan", "emb": [1.0, float("nan"), 0.0, 0.0]}, 4, 10),
+        (5, dict(_row(5, "extra"), colour="red"), 5, 10),
+        (6, {"id": 6, "name": "no vector"}, 6, 10),
+        (7, _row(8, "other key"), 7, 10),
+        ("x", None, 8, 10),
+        (big, None, 9, 10),
+    ]
+    p = TestPipeline()
+    result = (p | beam.Create(_commands(items))
+              | UpsertToSupertable(uri, schema=SCHEMA, primary_key="id",
+                                   vector_column="emb").with_invalid_output())
+    assert_that(result.invalid | beam.Map(lambda i: (type(i).__name__, i.reason)), equal_to([
+        ("Invalid", "key 2: column 'name' expects string, got int 5"),
+        ("Invalid", "key 3: column 'emb' expects 4 float32 values, got 2"),
+        ("Invalid", "key 4: column 'emb' expects 4 finite float32 values, got NaN at position 1"),
+        ("Invalid", "key 5: column(s) ['colour'] are not in the table schema "
+                    "['id', 'name', 'emb']"),
+        ("Invalid", "key 6: column 'emb' expects 4 float32 values, but the row lacks it "
+                    "(every row needs a vector)"),
+        ("Invalid", "key 7: the row's key column(s) ['id'] hold 8, not the command's key"),
+        ("Invalid", "key 'x': key column 'id' expects int64, got str 'x'"),
+        ("Invalid", f"key {big}: key column 'id' expects int64, got int {big}, outside "
+                    f"int64's range"),
+    ]))
     p.run().wait_until_finish()
     assert _table(uri) == [{"id": 1, "name": "ok"}]
 
@@ -161,8 +197,8 @@ def test_composite_key_and_delete(tmp_path):
     _run(uri, [(("a", 1), row("a", 1, 1.0), 1, 1), (("a", 2), row("a", 2, 2.0), 2, 1),
                (("b", 1), row("b", 1, 3.0), 3, 1),
                (("b", 2), row("a", 2, 9.0), 4, 1)],        # key disagrees: invalid
-         expect_invalid=[(("b", 2), "the row's key ('a', 2) (column(s) ['tenant', 'n']) "
-                                    "disagrees with the command's key ('b', 2)")],
+         expect_invalid=[(("b", 2), "key ('b', 2): the row's key column(s) ['tenant', 'n'] "
+                                    "hold ('a', 2), not the command's key")],
          **create)
     _run(uri, [(("a", 1), None, 5, 2), (("b", 1), row("b", 1, 4.0), 6, 2),
                ("a", row("a", 3, 1.0), 7, 2)],             # not a tuple key
@@ -378,8 +414,8 @@ def test_refused_rows_below_the_frontier_are_dropped_and_above_it_invalid(tmp_pa
                         (4, _row(5, "above, wrong key"), 3, 20),
                         (6, _row(6, "f"), 4, 20)],
                   expect_commits=[(1, False)],
-                  expect_invalid=[(4, "the row's key 5 (column(s) ['id']) disagrees with the "
-                                      "command's key 4")])
+                  expect_invalid=[(4, "key 4: the row's key column(s) ['id'] hold 5, not the "
+                                      "command's key")])
     assert (_counter(result, "dropped_before_resume"), _counter(result, "invalid")) == (1, 1)
     assert _table(uri) == [{"id": 1, "name": "a"}, {"id": 6, "name": "f"}]
 

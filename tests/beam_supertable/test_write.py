@@ -2,6 +2,7 @@
 one commit on one grid per bounded input whatever its windowing, none without rows."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -215,6 +216,87 @@ def test_rows_all_with_null_vectors_are_dead_letters_and_nothing_is_committed(tm
                     label="invalid")
     t = Supertable.open(uri)
     assert t.version == 0 and t.count_rows() == 0
+
+
+SENSORS = pa.schema([pa.field("sensor_id", pa.string(), nullable=False),
+                     pa.field("reading", pa.int64(), nullable=False),
+                     ("note", pa.string()), ("emb", pa.list_(pa.float32(), 4))])
+
+
+def _sensor(i, **changes):
+    return dict({"sensor_id": f"s-{i}", "reading": i, "note": None,
+                 "emb": [1.0, 0.0, 0.0, float(i)]}, **changes)
+
+
+def test_each_kind_of_bad_row_is_an_invalid_naming_row_column_and_type(tmp_path):
+    uri = str(tmp_path / "t")
+    Supertable.create(uri, SENSORS, vector_column="emb")
+    big = 2**70
+    bad = [_sensor(101, reading="abc"),
+           {k: v for k, v in _sensor(102).items() if k != "reading"},
+           _sensor(103, colour="red"),
+           _sensor(104, emb=[1.0, 2.0]),
+           _sensor(105, emb=[1.0, float("nan"), 0.0, 0.0]),
+           _sensor(106, emb=[1.0, float("inf"), 0.0, 0.0]),
+           _sensor(107, reading=big),
+           _sensor(108, note=5),
+           _sensor(109, reading=None),
+           _sensor(110, emb=None),
+           _sensor(111, emb=[1.0, "x", 0.0, 0.0]),
+           _sensor(112, emb=[1e300, 0.0, 0.0, 0.0])]
+    batch = pa.RecordBatch.from_pylist([_sensor(0), _sensor(1, reading=None), _sensor(2)],
+                                       schema=SENSORS.remove(1).insert(
+                                           1, pa.field("reading", pa.int64())))
+    elements = [_sensor(i) for i in range(10, 30)] + bad + [batch, "not a row"]
+    expected = [
+        "row with sensor_id 's-101': column 'reading' expects int64, got str 'abc'",
+        "row with sensor_id 's-102': column 'reading' expects int64, but the row lacks it "
+        "(the column is not nullable)",
+        "row with sensor_id 's-103': column(s) ['colour'] are not in the table schema "
+        "['sensor_id', 'reading', 'note', 'emb']",
+        "row with sensor_id 's-104': column 'emb' expects 4 float32 values, got 2",
+        "row with sensor_id 's-105': column 'emb' expects 4 finite float32 values, got NaN at "
+        "position 1",
+        "row with sensor_id 's-106': column 'emb' expects 4 finite float32 values, got "
+        "infinity at position 1",
+        f"row with sensor_id 's-107': column 'reading' expects int64, got int {big}, outside "
+        "int64's range",
+        "row with sensor_id 's-108': column 'note' expects string, got int 5",
+        "row with sensor_id 's-109': column 'reading' expects int64, got null (the column is "
+        "not nullable)",
+        "row with sensor_id 's-110': column 'emb' expects 4 float32 values, got null (every "
+        "row needs a vector)",
+        "row with sensor_id 's-111': column 'emb' expects 4 float32 values, got str 'x' at "
+        "position 1",
+        "row with sensor_id 's-112': column 'emb' expects 4 finite float32 values, got 1e+300 "
+        "at position 0, beyond float32's range",
+        "row with sensor_id 's-1': column 'reading' expects int64, got null (the column is "
+        "not nullable)",
+        "row ?: expected a dict row or a RecordBatch, got str 'not a row'",
+    ]
+    with TestPipeline() as p:
+        result = (p | beam.Create(elements, reshuffle=False)
+                  | WriteToSupertable(uri).with_invalid_output())
+        assert_that(result.invalid | beam.Map(
+            lambda i: (type(i).__name__, re.sub(r"^row \d+: ", "row ?: ", i.reason))),
+            equal_to([("Invalid", reason) for reason in expected]), label="invalid")
+        assert_that(result.invalid | "Elements" >> beam.Map(
+            lambda i: i.element if isinstance(i.element, str) else i.element["sensor_id"]),
+            equal_to([f"s-{i}" for i in range(101, 113)] + ["s-1", "not a row"]),
+            label="elements")
+    t = Supertable.open(uri)
+    assert sorted(t.to_arrow(columns=["sensor_id"])["sensor_id"].to_pylist()) == sorted(
+        [f"s-{i}" for i in range(10, 30)] + ["s-0", "s-2"])
+
+
+def test_a_bad_row_fails_the_job_with_its_reason_on_invalid_fail(tmp_path):
+    uri = str(tmp_path / "t")
+    Supertable.create(uri, SENSORS, vector_column="emb")
+    with pytest.raises(Exception, match="column 'emb' expects 4 float32 values, got 3"):
+        with TestPipeline() as p:
+            _ = (p | beam.Create([_sensor(1), _sensor(2, emb=[1.0, 2.0, 3.0])], reshuffle=False)
+                 | WriteToSupertable(uri, on_invalid="fail"))
+    assert Supertable.open(uri).version == 0
 
 
 def test_an_empty_input_into_a_table_with_a_grid_commits_nothing(tmp_path):
