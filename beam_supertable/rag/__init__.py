@@ -59,15 +59,19 @@ from beam_supertable.rag._common import (  # noqa: F401 - the public names
 from beam_supertable.rag.enrichment import (  # noqa: F401
     EnrichWithSupertable, SupertableSearchEnrichmentHandler, join_fn)
 from beam_supertable.rag.ingestion import SupertableVectorWriterConfig  # noqa: F401
+from beam_supertable.rag._keyed import migrate_chunk_table  # noqa: F401
 
 __all__ = [
     "CONTENT_COLUMN", "EMBEDDING_COLUMN", "ENRICHMENT_IMPORT_ERROR", "ENRICHMENT_KEY", "ID_COLUMN",
     "METADATA_COLUMN", "EnrichWithSupertable", "InvalidQueryError",
     "SupertableSearchEnrichmentHandler", "SupertableVectorWriterConfig", "chunk_schema", "join_fn",
+    "migrate_chunk_table",
 ]
 
 
 # Defined in private modules; public under this module's name (repr, pickles).
-for _public in (InvalidQueryError, chunk_schema, EnrichWithSupertable, SupertableSearchEnrichmentHandler, SupertableVectorWriterConfig, join_fn,):
+for _public in (InvalidQueryError, chunk_schema, EnrichWithSupertable,
+                SupertableSearchEnrichmentHandler, SupertableVectorWriterConfig, join_fn,
+                migrate_chunk_table):
     _public.__module__ = __name__
 del _public
