@@ -50,6 +50,7 @@ class _Settings(NamedTuple):
     metric: str
     fts_columns: Tuple[str, ...]
     job_id: Optional[str]
+    n_cells: Optional[int] = None   # the vector grid of a table created here
 
 
 def _open_or_create(s: _Settings) -> Supertable:
@@ -65,7 +66,7 @@ def _open_or_create(s: _Settings) -> Supertable:
         try:
             return Supertable.create(s.uri, s.schema, primary_key=s.primary_key,
                                      vector_column=s.vector_column, metric=s.metric,
-                                     fts_columns=s.fts_columns,
+                                     fts_columns=s.fts_columns, n_cells=s.n_cells,
                                      storage_options=s.storage_options)
         except TableExistsError:  # a concurrent creator won: check its table below
             table = Supertable.open(s.uri, storage_options=s.storage_options)

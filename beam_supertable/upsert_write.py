@@ -132,6 +132,9 @@ class UpsertToSupertable(beam.PTransform):
             ``beam_upsert/too_late``). ``0`` keeps every touched key's state
             for ever, without tombstone offsets (the behaviour before
             tombstones).
+        n_cells: the vector grid size of a table created here (default:
+            about sqrt(rows of the first commit); see ``Supertable.create``).
+        n_shards: superfiles per bounded commit (default: by input size).
 
     Note:
         Bounded input lands as ONE commit recording ``frontier`` = the
@@ -155,7 +158,8 @@ class UpsertToSupertable(beam.PTransform):
                  label: Optional[str] = None, *,
                  state_shards: int = DEFAULT_STATE_SHARDS,
                  tombstone_retention: Union[Duration, int, float] = Duration(
-                     micros=DEFAULT_TOMBSTONE_RETENTION_US)) -> None:
+                     micros=DEFAULT_TOMBSTONE_RETENTION_US),
+                 n_cells: Optional[int] = None, n_shards: Optional[int] = None) -> None:
         super().__init__(label)
         where = "UpsertToSupertable"
         if not isinstance(uri, str) or not uri:
@@ -169,6 +173,10 @@ class UpsertToSupertable(beam.PTransform):
             raise ValueError(f"{where}: state_shards must be a positive int, got "
                              f"{state_shards!r}")
         retention = retention_micros(tombstone_retention, where=where)
+        for name, value in (("n_cells", n_cells), ("n_shards", n_shards)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value < 1):
+                raise ValueError(f"{where}: {name} must be a positive int, got {value!r}")
         check_metric(metric)
         if job_id is not None and (not isinstance(job_id, str) or not job_id):
             raise ValueError(f"{where}: job_id must be a non-empty str, got {job_id!r}")
@@ -197,7 +205,8 @@ class UpsertToSupertable(beam.PTransform):
             if vector_column:
                 vector_dim(schema.field(vector_column))
         self._settings = _Settings(uri, storage_options, schema, names, vector_column, metric,
-                                   tuple(fts_columns), job_id)
+                                   tuple(fts_columns), job_id, n_cells)
+        self._n_shards = n_shards
         self._flavor = flavor
         self._state_shards = state_shards
         self._retention_micros = retention
@@ -288,7 +297,7 @@ class UpsertToSupertable(beam.PTransform):
                                                     max_batch_size=ARROW_BATCH_ROWS)
                 | "RowsToArrow" >> beam.ParDo(_ToBatches(ref, on_invalid="fail")))
         # The rows are canonical already: conforming them cannot fail.
-        _, built = build_superfiles(rows, ref, None, GRID_SAMPLE_ROWS, pin)
+        _, built = build_superfiles(rows, ref, self._n_shards, GRID_SAMPLE_ROWS, pin)
         keys = (changes
                 | "Keys" >> beam.Map(lambda c: c[1])
                 | "BatchKeys" >> beam.BatchElements(min_batch_size=1,

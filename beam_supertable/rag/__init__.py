@@ -36,6 +36,16 @@ one per field  the field's type                 each of ``metadata_fields``,
 Filters are pyarrow expressions over these columns, so metadata a query must
 filter on belongs in ``metadata_fields`` (``pc.field("lang") == "en"``).
 
+The table is keyed by ``id`` and chunks are upserted, as Beam's other vector
+writers do: re-ingesting a chunk replaces its row, and one chunk id is one
+row. A bounded run is stamped once, at the wall-clock time it runs (or the
+table's frontier if later), so each run replaces what earlier runs wrote;
+copies of one id with different contents in one run go to the dead letters.
+Unbounded input is ordered by the timestamps the stream carries. A chunk
+table without a primary key (from earlier releases) is appended to, with a
+warning; ``migrate_chunk_table(src, dst)`` copies it into a keyed table. See
+``SupertableVectorWriterConfig``.
+
 Beam versions: apache-beam 2.62 (the Flink environment) has the ``Chunk``
 types and ``Enrichment`` but not ``VectorDatabaseWriteConfig`` (there the
 config subclasses a local base with the same ``create_write_transform()``
@@ -59,15 +69,19 @@ from beam_supertable.rag._common import (  # noqa: F401 - the public names
 from beam_supertable.rag.enrichment import (  # noqa: F401
     EnrichWithSupertable, SupertableSearchEnrichmentHandler, join_fn)
 from beam_supertable.rag.ingestion import SupertableVectorWriterConfig  # noqa: F401
+from beam_supertable.rag._keyed import migrate_chunk_table  # noqa: F401
 
 __all__ = [
     "CONTENT_COLUMN", "EMBEDDING_COLUMN", "ENRICHMENT_IMPORT_ERROR", "ENRICHMENT_KEY", "ID_COLUMN",
     "METADATA_COLUMN", "EnrichWithSupertable", "InvalidQueryError",
     "SupertableSearchEnrichmentHandler", "SupertableVectorWriterConfig", "chunk_schema", "join_fn",
+    "migrate_chunk_table",
 ]
 
 
 # Defined in private modules; public under this module's name (repr, pickles).
-for _public in (InvalidQueryError, chunk_schema, EnrichWithSupertable, SupertableSearchEnrichmentHandler, SupertableVectorWriterConfig, join_fn,):
+for _public in (InvalidQueryError, chunk_schema, EnrichWithSupertable,
+                SupertableSearchEnrichmentHandler, SupertableVectorWriterConfig, join_fn,
+                migrate_chunk_table):
     _public.__module__ = __name__
 del _public

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Sequence, Union
@@ -19,12 +20,19 @@ from beam_supertable.errors import SchemaMismatchError, TableExistsError
 from beam_supertable.schema import ID as ROW_ID
 from beam_supertable.table import Supertable
 from beam_supertable.transforms import INVALID_TAG, CommitResult, WriteResult, WriteToSupertable
+from beam_supertable.upsert_write import UpsertToSupertable
 from beam_supertable.vector.metric import check_metric
 from beam_upsert.model import Invalid
 from beam_supertable.rag._common import (
     CONTENT_COLUMN, Chunk, DEFAULT_METRIC, EMBEDDING_COLUMN, ID_COLUMN, METADATA_COLUMN,
     NAMESPACE, ON_INVALID, RESERVED_COLUMNS, _WriteConfigBase, _dense_of, _metadata_value,
     _text_of, chunk_schema)
+from beam_supertable.rag._keyed import (
+    _BoundedCommands, _FailOnInvalid, _Stamp, as_row_invalid, conflicting_ids, split_conflicts,
+    stamp_for, stream_command)
+
+_LOG = logging.getLogger(__name__)
+_WARNED_APPEND_ONLY: set = set()   # uris warned about, so a warning is logged once each
 # -- ingestion -------------------------------------------------------------------
 
 
@@ -32,8 +40,11 @@ from beam_supertable.rag._common import (
 class SupertableVectorWriterConfig(_WriteConfigBase):
     """Writes embedded ``Chunk`` s into a supertable (``VectorDatabaseWriteConfig``).
 
-    The table (``chunk_schema``) gets a vector index on ``embedding`` and a
-    BM25 index on ``content``; it is created on first write when absent.
+    The table (``chunk_schema``) is keyed by ``id`` and has a vector index on
+    ``embedding`` and a BM25 index on ``content``; it is created on first
+    write when absent. Chunks are upserted by id, like Beam's other vector
+    writers: re-ingesting a chunk replaces its row, one chunk id is one row,
+    and chunks a run does not carry stay as they are.
 
     Example::
 
@@ -44,26 +55,49 @@ class SupertableVectorWriterConfig(_WriteConfigBase):
         # or, on Beam releases that ship it:
         # chunks | VectorDatabaseWriteTransform(config)
 
+    Which chunk wins:
+
+    * Bounded input lands as one commit. Its chunks are stamped one time,
+      the wall-clock time the run starts or the table's frontier if later,
+      so a run replaces what earlier runs wrote whatever timestamps the
+      chunks carry (the chunks' own timestamps are not used). Copies of one
+      id in one run collapse into one when their contents are equal; when
+      they differ every copy is refused to the dead letters and the table
+      keeps what it held for the id.
+    * Unbounded input keeps the timestamps the stream carries: a chunk
+      replaces the stored one when its time is later, commits land as the
+      watermark passes (``UpsertToSupertable``'s stateful flavor), a chunk
+      whose time is below the table's frontier is taken as applied already
+      and dropped, and two copies of an id with one timestamp resolve by
+      the upsert's tie rule (``beam_upsert.model``). A stream after a
+      bounded run must therefore carry times later than that run.
+
+    An existing chunk table without a primary key (written before chunk
+    tables were keyed) is appended to as before, with a warning: writing a
+    chunk id again stores it again. ``migrate_chunk_table(src, dst)`` copies
+    its live rows into a new keyed table, one row per id.
+
     Args:
         uri: the table (local path, ``memory://``, ``s3://``...).
         dimension: values per embedding. Needed to create the table when it
             is absent (an existing table knows its own); without it, a bounded
             write takes the dimension from the first chunk and lands as one
-            append from one worker (see ``create_write_transform``).
+            commit from one worker (see ``create_write_transform``).
         metric: ``"cosine"`` (default), ``"l2"`` or ``"dot"``.
         metadata_fields: metadata keys flattened into columns of these types
             (a ``pa.Schema`` or fields), so filters can use them.
         storage_options: fsspec options for the store.
         n_cells: vector grid size (default: about sqrt(rows of the first commit)).
-        n_shards: superfiles per commit (default: by input size).
-        job_id: a stable id makes a rerun of the same load exactly-once.
+        n_shards: superfiles per bounded commit (default: by input size).
+        job_id: names the commits. On the append-only path (``upsert=False``
+            or an unkeyed table) a stable id makes a rerun of the same load
+            exactly-once; the upsert path needs none (a rerun replaces rows
+            with equal ones and changes nothing).
         on_invalid: ``"dead_letter"`` (count and drop; see ``with_invalid_output``)
             or ``"fail"``.
-
-    Note:
-        Chunks are appended: writing a chunk id twice stores it twice until
-        the table is keyed by ``id`` (the write is one line in
-        ``_WriteChunks.expand``).
+        upsert: ``True`` (default) creates an absent table keyed by ``id``;
+            ``False`` creates it append-only and appends (every write of a
+            chunk id stores another row), refusing a keyed table.
     """
 
     uri: str
@@ -75,6 +109,7 @@ class SupertableVectorWriterConfig(_WriteConfigBase):
     n_shards: Optional[int] = None
     job_id: Optional[str] = None
     on_invalid: str = "dead_letter"
+    upsert: bool = True
 
     def __post_init__(self) -> None:
         name = type(self).__name__
@@ -88,6 +123,8 @@ class SupertableVectorWriterConfig(_WriteConfigBase):
         if self.on_invalid not in ON_INVALID:
             raise ValueError(f"{name}: on_invalid must be one of {ON_INVALID}, got "
                              f"{self.on_invalid!r}")
+        if not isinstance(self.upsert, bool):
+            raise TypeError(f"{name}: upsert must be True or False, got {self.upsert!r}")
         fields = tuple(self.metadata_fields)
         bad = [f for f in fields if not isinstance(f, pa.Field)]
         if bad:
@@ -149,7 +186,7 @@ class SupertableVectorWriterConfig(_WriteConfigBase):
 
         When the table is absent and no ``dimension`` is configured, the first
         chunk decides the dimension: the (bounded) input is gathered on one
-        worker and appended as one commit. Configure ``dimension`` for the
+        worker and written as one commit. Configure ``dimension`` for the
         parallel write, and for unbounded input.
         """
         return _WriteChunks(self)
@@ -173,13 +210,19 @@ class _ChunkToRow(beam.DoFn):
 
 
 class _CreateFromFirstChunk(beam.DoFn):
-    """All rows of a bounded write -> the table (dimension of the first row) -> one append."""
+    """All rows of a bounded write -> the table (dimension of the first row) -> one commit."""
 
     def __init__(self, config: SupertableVectorWriterConfig, job_id: str):
         self._config, self._job_id = config, job_id
 
     def setup(self):
         self._invalid = Metrics.counter(NAMESPACE, "invalid_chunks")
+
+    def _refuse(self, bad: Invalid):
+        if self._config.on_invalid == "fail":
+            raise SchemaMismatchError(f"SupertableVectorWriterConfig: {bad.reason}")
+        self._invalid.inc()
+        return pvalue.TaggedOutput(INVALID_TAG, bad)
 
     def process(self, element):
         rows = list(element[1])
@@ -190,11 +233,12 @@ class _CreateFromFirstChunk(beam.DoFn):
             table = Supertable.create(
                 c.uri, c.schema(len(rows[0][EMBEDDING_COLUMN])), vector_column=EMBEDDING_COLUMN,
                 metric=c.metric, fts_columns=[CONTENT_COLUMN], n_cells=c.n_cells,
-                storage_options=c.storage_options)
+                primary_key=ID_COLUMN if c.upsert else None, storage_options=c.storage_options)
         except TableExistsError:  # a concurrent writer, or a retry of this bundle
             table = Supertable.open(c.uri, storage_options=c.storage_options)
         dim = (table.properties.get("vector") or {}).get("dim")
-        if dim is None or not table.user_schema.equals(c.schema(dim)):
+        if dim is None or not table.user_schema.equals(c.schema(dim)) or \
+                table.primary_key != ([ID_COLUMN] if c.upsert else []):
             raise SchemaMismatchError(f"SupertableVectorWriterConfig: the table at {c.uri!r}, "
                                       f"created meanwhile, is not a chunk table for this config")
         good = []
@@ -202,54 +246,80 @@ class _CreateFromFirstChunk(beam.DoFn):
             if len(row[EMBEDDING_COLUMN]) == dim:
                 good.append(row)
                 continue
-            reason = (f"chunk {row[ID_COLUMN]!r}: the embedding has {len(row[EMBEDDING_COLUMN])} "
-                      f"values, the table's dimension is {dim}")
-            if c.on_invalid == "fail":
-                raise SchemaMismatchError(f"SupertableVectorWriterConfig: {reason}")
-            self._invalid.inc()
-            yield pvalue.TaggedOutput(INVALID_TAG, Invalid(row, reason))
+            yield self._refuse(Invalid(row, (
+                f"chunk {row[ID_COLUMN]!r}: the embedding has {len(row[EMBEDDING_COLUMN])} "
+                f"values, the table's dimension is {dim}")))
+        if not table.primary_key:
+            if good:
+                before = len(table.superfiles())
+                version = table.append(pa.Table.from_pylist(good, schema=table.user_schema),
+                                       token=f"{self._job_id}/first-chunk",
+                                       metadata={"job": self._job_id}, n_shards=c.n_shards)
+                yield CommitResult(version, len(good), len(table.superfiles()) - before)
+            return
+        good, conflicts = split_conflicts(good)
+        for bad in conflicts:
+            yield self._refuse(bad)
         if good:
+            # The same frontier a commit of UpsertToSupertable records: the
+            # run's one command time + 1 µs, so the next run stamps above it.
             before = len(table.superfiles())
-            version = table.append(pa.Table.from_pylist(good, schema=table.user_schema),
+            version = table.upsert(pa.Table.from_pylist(good, schema=table.user_schema),
                                    token=f"{self._job_id}/first-chunk",
-                                   metadata={"job": self._job_id}, n_shards=c.n_shards)
+                                   metadata={"job": self._job_id},
+                                   frontier=stamp_for(table) + 1, n_shards=c.n_shards)
             yield CommitResult(version, len(good), len(table.superfiles()) - before)
 
 
 class _WriteChunks(beam.PTransform):
-    """Chunks -> table rows -> ``WriteToSupertable``; see ``SupertableVectorWriterConfig``."""
+    """Chunks -> table rows -> ``UpsertToSupertable`` (a keyed table) or
+    ``WriteToSupertable`` (append-only); see ``SupertableVectorWriterConfig``."""
 
     def __init__(self, config: SupertableVectorWriterConfig, label: Optional[str] = None):
         super().__init__(label)
         self._config = config
         self._job_id = config.job_id or uuid.uuid4().hex
         self._with_invalid = False
-        self._dimension = self._resolve_dimension()
+        self._dimension, self._keyed = self._resolve()
 
-    def _resolve_dimension(self) -> Optional[int]:
+    def _resolve(self):
+        """``(dimension, keyed)``: the existing table's, else the config's."""
         c = self._config
         try:
             table = Supertable.open(c.uri, storage_options=c.storage_options)
         except FileNotFoundError:
-            return c.dimension
+            return c.dimension, c.upsert
         vp = table.properties.get("vector") or {}
         dim = vp.get("dim")
         if vp.get("column") != EMBEDDING_COLUMN or not table.user_schema.equals(
-                chunk_schema(dim, c.metadata_fields)):
+                chunk_schema(dim, c.metadata_fields)) or table.primary_key not in (
+                    [], [ID_COLUMN]):
             raise SchemaMismatchError(
                 f"SupertableVectorWriterConfig: the table at {c.uri!r} is not a chunk table "
-                f"for this config.\nexpected (dimension {dim}):\n"
-                f"{chunk_schema(dim or 1, c.metadata_fields)}\nthe table has:\n{table.user_schema}")
+                f"for this config.\nexpected (dimension {dim}, keyed by {ID_COLUMN!r} or not "
+                f"keyed):\n{chunk_schema(dim or 1, c.metadata_fields)}\nthe table has "
+                f"(keyed by {table.primary_key}):\n{table.user_schema}")
         if c.dimension is not None and c.dimension != dim:
             raise SchemaMismatchError(
                 f"SupertableVectorWriterConfig: dimension={c.dimension}, but the table at "
                 f"{c.uri!r} holds {dim}-value embeddings")
-        return dim
+        keyed = bool(table.primary_key)
+        if keyed and not c.upsert:
+            raise SchemaMismatchError(
+                f"SupertableVectorWriterConfig: upsert=False, but the table at {c.uri!r} is "
+                f"keyed by {ID_COLUMN!r}: writes to it replace chunks by id (upsert=True)")
+        if not keyed and c.upsert and c.uri not in _WARNED_APPEND_ONLY:
+            _WARNED_APPEND_ONLY.add(c.uri)
+            _LOG.warning(
+                "SupertableVectorWriterConfig: the chunk table at %r has no primary key, so "
+                "chunks are appended and writing a chunk id again stores it again; "
+                "migrate_chunk_table(src, dst) copies it into a table keyed by id", c.uri)
+        return dim, keyed
 
     def with_invalid_output(self) -> "_WriteChunks":
         """Makes the transform return ``WriteResult(commits, invalid)``; ``invalid``
         holds ``beam_upsert.Invalid(element, reason)``: the Chunk when it could
-        not become a row, else the row that did not fit the table."""
+        not become a row, else the row that was not written."""
         self._with_invalid = True
         return self
 
@@ -259,15 +329,7 @@ class _WriteChunks(beam.PTransform):
         rows = chunks | "ChunkToRow" >> beam.ParDo(
             _ChunkToRow(config.create_converter(), c.on_invalid)).with_outputs(
                 INVALID_TAG, main="rows")
-        if self._dimension is not None:
-            # Keyed tables: this becomes the upsert of the rows keyed by ID_COLUMN.
-            written = rows.rows | "Write" >> WriteToSupertable(
-                c.uri, schema=config.schema(), vector_column=EMBEDDING_COLUMN, metric=c.metric,
-                fts_columns=[CONTENT_COLUMN], n_cells=c.n_cells, n_shards=c.n_shards,
-                storage_options=c.storage_options, on_invalid=c.on_invalid,
-                job_id=self._job_id).with_invalid_output()
-            commits, rejected = written.commits, written.invalid
-        else:
+        if self._dimension is None:
             if not chunks.is_bounded:
                 raise ValueError(
                     f"SupertableVectorWriterConfig: no table at {c.uri!r} and no dimension; "
@@ -275,16 +337,53 @@ class _WriteChunks(beam.PTransform):
             written = (rows.rows
                        | "OneKey" >> beam.Map(lambda row: (None, row))
                        | "Gather" >> beam.GroupByKey()
-                       | "CreateAndAppend" >> beam.ParDo(
+                       | "CreateAndWrite" >> beam.ParDo(
                            _CreateFromFirstChunk(c, self._job_id)).with_outputs(
                                INVALID_TAG, main="commits"))
-            commits, rejected = written.commits, written[INVALID_TAG]
+            commits, rejected = written.commits, [written[INVALID_TAG]]
+        elif self._keyed:
+            commits, rejected = self._upsert(rows.rows, config, chunks.is_bounded)
+        else:
+            written = rows.rows | "Write" >> WriteToSupertable(
+                c.uri, schema=config.schema(), vector_column=EMBEDDING_COLUMN, metric=c.metric,
+                fts_columns=[CONTENT_COLUMN], n_cells=c.n_cells, n_shards=c.n_shards,
+                storage_options=c.storage_options, on_invalid=c.on_invalid,
+                job_id=self._job_id).with_invalid_output()
+            commits, rejected = written.commits, [written.invalid]
         if not self._with_invalid:
             return commits
-        invalid = (rows[INVALID_TAG], rejected) | "AllInvalid" >> beam.Flatten()
+        invalid = (rows[INVALID_TAG], *rejected) | "AllInvalid" >> beam.Flatten()
         return WriteResult(commits, invalid)
+
+    def _upsert(self, rows, config: SupertableVectorWriterConfig, bounded: bool):
+        """Rows -> commands (see ``SupertableVectorWriterConfig``) -> ``UpsertToSupertable``."""
+        c = config
+        rejected = []
+        if bounded:
+            stamp = beam.pvalue.AsSingleton(
+                rows.pipeline | "StampStart" >> beam.Create([None])
+                | "Stamp" >> beam.ParDo(_Stamp(c.uri, c.storage_options)))
+            made = rows | "Commands" >> beam.ParDo(
+                _BoundedCommands(c.on_invalid), stamp, conflicting_ids(rows)).with_outputs(
+                    INVALID_TAG, main="commands")
+            commands = made.commands
+            rejected.append(made[INVALID_TAG])
+        else:
+            commands = rows | "Commands" >> beam.Map(stream_command)
+        written = commands | "Upsert" >> UpsertToSupertable(
+            c.uri, schema=c.schema(), primary_key=ID_COLUMN, vector_column=EMBEDDING_COLUMN,
+            metric=c.metric, fts_columns=[CONTENT_COLUMN], storage_options=c.storage_options,
+            job_id=self._job_id, flavor="grouped" if bounded else "stateful",
+            n_cells=c.n_cells, n_shards=c.n_shards).with_invalid_output()
+        refused = written.invalid | "AsRows" >> beam.Map(as_row_invalid)
+        if c.on_invalid == "fail":
+            _ = refused | "FailOnInvalid" >> beam.ParDo(_FailOnInvalid())
+        rejected.append(refused)
+        return written.commits, rejected
 
     def display_data(self):
         return {"uri": DisplayDataItem(self._config.uri, label="Table"),
-                "dimension": DisplayDataItem(self._dimension or 0, label="Dimension (0 = first chunk)"),
+                "dimension": DisplayDataItem(self._dimension or 0,
+                                             label="Dimension (0 = first chunk)"),
+                "upsert": DisplayDataItem(self._keyed, label="Upsert by id"),
                 "job_id": DisplayDataItem(self._job_id, label="Job id")}

@@ -7,8 +7,12 @@ so the true neighbours of every query are computed here by brute force.
 
 import hashlib
 import json
+import logging
+import os
 import pickle
 import re
+import subprocess
+import sys
 
 import apache_beam as beam
 import numpy as np
@@ -16,14 +20,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from apache_beam.ml.rag.types import Chunk, Content, Embedding
+from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.test_stream import TestStream
 from apache_beam.testing.util import assert_that, equal_to
+from apache_beam.transforms.window import TimestampedValue
 
 from beam_supertable import SchemaMismatchError, Supertable, WriteToSupertable
 from beam_supertable import rag
 from beam_supertable.rag import (
     InvalidQueryError, SupertableSearchEnrichmentHandler, SupertableVectorWriterConfig,
-    chunk_schema)
+    chunk_schema, migrate_chunk_table)
+from beam_upsert import Invalid
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 D = 64
 TOPICS = {
@@ -174,7 +184,7 @@ def test_without_a_dimension_the_first_chunk_decides(tmp_path):
         assert stored == [c.id for c in CHUNKS[:4]]
     else:
         assert dim == D + 1 and stored == ["odd"]
-    assert t.version == 1
+    assert t.version == 1 and t.primary_key == ["id"] and t.frontier is not None
     # The next write sees the table and takes the parallel path.
     write(uri, CHUNKS[4:6] if dim == D else [make_chunk("odd2", "x", embedding=[1.0] * (D + 1))])
     assert Supertable.open(uri).count_rows() == len(stored) + (2 if dim == D else 1)
@@ -211,6 +221,175 @@ def test_the_write_transform_of_beams_rag_package(tmp_path):
     with TestPipeline() as p:
         _ = p | beam.Create(CHUNKS) | base.VectorDatabaseWriteTransform(config)
     assert Supertable.open(str(tmp_path / "t")).count_rows() == len(CHUNKS)
+
+
+# -- re-ingestion: chunks upserted by id ---------------------------------------------
+S = 1_000_000  # µs per second
+
+
+def _row_ids(uri):
+    """chunk id -> (row _id, content) of the live rows; fails on a repeated chunk id."""
+    rows = Supertable.open(uri).to_arrow(columns=["_id", "id", "content"]).to_pylist()
+    assert len({r["id"] for r in rows}) == len(rows), "a chunk id holds more than one row"
+    return {r["id"]: (r["_id"], r["content"]) for r in rows}
+
+
+def _changed(cid, text):
+    """Chunk ``cid`` with new text (and so a new embedding), its metadata kept."""
+    return make_chunk(cid, text, **BY_ID[cid].metadata)
+
+
+def test_reingestion_replaces_changed_chunks_and_leaves_the_rest(tmp_path):
+    uri = str(tmp_path / "chunks")
+    write(uri, dimension=D, metadata_fields=FIELDS)
+    first = Supertable.open(uri)
+    assert first.primary_key == ["id"] and first.frontier is not None
+    before = _row_ids(uri)
+    changed = {"c00": "volcanoes erupt molten lava", "c13": "glaciers carve deep valleys"}
+    new = make_chunk("c99", "submarines dive under arctic ice", topic="space", year=2030)
+    again = [_changed(cid, text) for cid, text in changed.items()] + CHUNKS[2:8] + [new]
+    config = SupertableVectorWriterConfig(uri, metadata_fields=FIELDS)
+    p = TestPipeline()
+    # Timestamps far below the table's frontier: a bounded run is stamped when
+    # it runs, so it replaces what the last run wrote whatever the chunks carry.
+    result = (p | beam.Create(again) | beam.Map(lambda c: TimestampedValue(c, 1))
+              | config.create_write_transform().with_invalid_output())
+    assert_that(result.commits | beam.Map(lambda c: c.version), equal_to([first.version + 1]),
+                label="one commit")
+    assert_that(result.invalid, equal_to([]), label="nothing refused")
+    p.run().wait_until_finish()
+
+    after = _row_ids(uri)
+    assert sorted(after) == sorted(list(BY_ID) + ["c99"])
+    for cid, text in changed.items():
+        assert after[cid][1] == text and after[cid][0] != before[cid][0]
+    # Resent unchanged and not sent at all: the very same rows.
+    assert {cid: after[cid] for cid in before if cid not in changed} == \
+        {cid: row for cid, row in before.items() if cid not in changed}
+    assert Supertable.open(uri).frontier > first.frontier
+
+    # Neither search finds a replaced chunk's old content.
+    old = {BY_ID[cid].content.text for cid in changed}
+    everything = len(after)
+    for cid in changed:
+        text = BY_ID[cid].content.text
+        for mode in ("vector", "text", "hybrid"):
+            handler = SupertableSearchEnrichmentHandler(uri, mode=mode, k=everything, nprobe=64)
+            _, data = handler(make_chunk("q", text))
+            contents = {f["content"] for f in data["fields"]}
+            assert not contents & old, (mode, contents & old)
+        found = Supertable.open(uri).search(
+            vector=np.asarray(embed(text)), k=everything, nprobe=64)["content"].to_pylist()
+        assert not set(found) & old and len(found) == everything
+
+
+def test_copies_of_a_chunk_id_in_one_run(tmp_path):
+    uri = str(tmp_path / "chunks")
+    write(uri, CHUNKS[:3], dimension=D, metadata_fields=FIELDS)
+    same = _changed("c00", "the same new text twice")
+    differing = [_changed("c01", "one version"), _changed("c01", "another version")]
+    result, _ = write(uri, [same, _changed("c00", "the same new text twice")] + differing,
+                      metadata_fields=FIELDS)
+    rows = _row_ids(uri)
+    assert len(rows) == 3
+    # Equal copies are one chunk; differing copies are all refused, and the
+    # table keeps what it held for the id.
+    assert rows["c00"][1] == "the same new text twice"
+    assert rows["c01"][1] == BY_ID["c01"].content.text
+
+
+def test_differing_copies_of_an_id_go_to_the_dead_letters(tmp_path):
+    uri = str(tmp_path / "chunks")
+    write(uri, CHUNKS[:2], dimension=D)
+    config = SupertableVectorWriterConfig(uri)
+    p = TestPipeline()
+    result = (p | beam.Create([_changed("c01", "one version"), _changed("c01", "another")])
+              | config.create_write_transform().with_invalid_output())
+    assert_that(result.invalid | beam.Map(lambda bad: (
+        type(bad) is Invalid, bad.element["id"], bad.element["content"],
+        "appears more than once in this write with different contents" in bad.reason)),
+        equal_to([(True, "c01", "one version", True), (True, "c01", "another", True)]))
+    p.run().wait_until_finish()
+    assert _row_ids(uri)["c01"][1] == BY_ID["c01"].content.text
+
+
+def _stream(batches):
+    """TestStream of ``(seconds, chunks)`` batches, the watermark stepping past each."""
+    stream = TestStream()
+    for at, chunks in batches:
+        stream = stream.add_elements([TimestampedValue(c, at) for c in chunks])
+        stream = stream.advance_watermark_to(at + 1)
+    return stream.advance_watermark_to_infinity()
+
+
+def _ingest_stream(uri, batches):
+    config = SupertableVectorWriterConfig(uri, dimension=D, metadata_fields=FIELDS)
+    p = TestPipeline(options=PipelineOptions(streaming=True))
+    result = p | _stream(batches) | config.create_write_transform().with_invalid_output()
+    assert_that(result.invalid, equal_to([]), label="nothing refused")
+    p.run().wait_until_finish()
+
+
+def test_unbounded_reingestion_follows_the_streams_timestamps(tmp_path):
+    uri = str(tmp_path / "chunks")
+    _ingest_stream(uri, [(10, CHUNKS[:4]), (12, CHUNKS[4:6])])
+    first = Supertable.open(uri)
+    assert first.primary_key == ["id"] and first.frontier >= 12 * S
+    before = _row_ids(uri)
+    assert sorted(before) == [c.id for c in CHUNKS[:6]]
+    new = make_chunk("c99", "submarines dive under arctic ice", topic="space", year=2030)
+    _ingest_stream(uri, [
+        (5, [_changed("c01", "older than the table's frontier")]),   # applied already
+        (20, [_changed("c00", "volcanoes erupt molten lava"), new, CHUNKS[3]]),
+        (30, [_changed("c02", "glaciers carve deep valleys")]),
+        (31, [_changed("c02", "glaciers carve deeper valleys")]),      # later time wins
+    ])
+    after = _row_ids(uri)
+    assert sorted(after) == sorted([c.id for c in CHUNKS[:6]] + ["c99"])
+    assert after["c00"][1] == "volcanoes erupt molten lava"
+    assert after["c02"][1] == "glaciers carve deeper valleys"
+    assert after["c01"] == before["c01"] and after["c03"] == before["c03"]
+    assert after["c04"] == before["c04"] and after["c05"] == before["c05"]
+    assert Supertable.open(uri).frontier > 31 * S
+    _, data = SupertableSearchEnrichmentHandler(uri, mode="text", k=7)(
+        make_chunk("q", "glaciers carve deep valleys"))
+    assert [f["content"] for f in data["fields"]][:1] == ["glaciers carve deeper valleys"]
+
+
+@pytest.mark.slow
+def test_an_append_only_chunk_table_is_still_appended_to(tmp_path, caplog):
+    uri = str(tmp_path / "legacy")
+    write(uri, CHUNKS[:3], dimension=D, upsert=False)
+    assert Supertable.open(uri).primary_key == []
+    with caplog.at_level(logging.WARNING, logger="beam_supertable.rag.ingestion"):
+        write(uri, CHUNKS[:3])
+        write(uri, [_changed("c00", "the newest c00")])
+    warnings = [r.getMessage() for r in caplog.records if uri in r.getMessage()]
+    assert len(warnings) == 1 and "migrate_chunk_table" in warnings[0]
+    ids = Supertable.open(uri).to_arrow(columns=["id"])["id"].to_pylist()
+    assert sorted(ids) == sorted(["c00", "c01", "c02"] * 2 + ["c00"])
+
+    # The migration: one row per id (the copy written last), in a keyed table
+    # that later writes upsert into; the source stays as it was.
+    keyed = str(tmp_path / "keyed")
+    migrate_chunk_table(uri, keyed)
+    assert Supertable.open(keyed).primary_key == ["id"]
+    assert {cid: text for cid, (_, text) in _row_ids(keyed).items()} == {
+        "c00": "the newest c00", "c01": BY_ID["c01"].content.text,
+        "c02": BY_ID["c02"].content.text}
+    write(keyed, [_changed("c01", "c01 replaced")])
+    assert _row_ids(keyed)["c01"][1] == "c01 replaced" and len(_row_ids(keyed)) == 3
+    assert Supertable.open(uri).count_rows() == 7
+    with pytest.raises(SchemaMismatchError, match="keyed by"):
+        migrate_chunk_table(keyed, str(tmp_path / "again"))
+
+
+def test_upsert_false_refuses_a_keyed_table(table_uri):
+    with pytest.raises(SchemaMismatchError, match="upsert=False, but the table .* is keyed"):
+        SupertableVectorWriterConfig(table_uri, metadata_fields=FIELDS,
+                                     upsert=False).create_write_transform()
+    with pytest.raises(TypeError, match="upsert must be True or False"):
+        SupertableVectorWriterConfig(table_uri, upsert="yes")
 
 
 # -- the handler, called as Enrichment calls it ----------------------------------------
@@ -409,28 +588,64 @@ def test_write_to_supertable_then_search_any_table(tmp_path):
     assert isinstance(data["id"][0], int)  # the row's _id: the table has no id column
 
 
-def test_the_example_runs_as_a_script(tmp_path):
-    import os
-    import subprocess
-    import sys
+def _run_example(table, cwd, *how):
+    """The example in a process of its own: ``how`` is ``("-m",)`` or ``()`` (a script)."""
+    target = ["-m", "examples.rag_pipeline"] if how else [
+        os.path.join(ROOT, "examples", "rag_pipeline.py")]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # it finds its repo
+    return subprocess.run([sys.executable, *target, "--table", table], capture_output=True,
+                          text=True, timeout=300, cwd=cwd, env=env)
 
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    table = str(tmp_path / "rag_chunks")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the script finds its repo
-    done = subprocess.run([sys.executable, os.path.join(root, "examples", "rag_pipeline.py"),
-                           "--table", table], capture_output=True, text=True, timeout=300,
-                          cwd=str(tmp_path), env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
+
+def _answers(stdout):
     answers = {}
-    for line in done.stdout.splitlines():
+    for line in stdout.splitlines():
         if line.startswith("Q: "):
             question = line[3:]
             answers[question] = []
         elif line.startswith("   - "):
             answers[question].append(line[5:])
+    return answers
+
+
+@pytest.mark.slow
+def test_the_example_runs_as_a_script_and_a_rerun_replaces_its_chunks(tmp_path):
+    table = str(tmp_path / "rag_chunks")
+    done = _run_example(table, str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    answers = _answers(done.stdout)
     assert answers["what pulls the oceans"][0] == \
         "Tides rise and fall because the moon pulls on the oceans."
     assert answers["how do kittens learn to hunt"][0] == \
         "Kittens learn to hunt by playing with their siblings."
     assert "Bread dough rises because yeast makes gas." in answers["why does bread dough rise"]
     assert Supertable.open(table).count_rows() == 11
+    rows = _row_ids(table)
+    assert os.listdir(tmp_path) == ["rag_chunks"]   # its answers file went with its run
+
+    again = _run_example(table, ROOT, "-m")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert _answers(again.stdout) == answers
+    assert _row_ids(table) == rows   # one row per chunk id, the same rows
+
+
+@pytest.mark.parametrize("what", ["a directory with a file", "a file", "another table"])
+def test_the_example_refuses_a_table_path_that_holds_something_else(tmp_path, what):
+    target = tmp_path / "target"
+    if what == "a directory with a file":
+        target.mkdir()
+        (target / "notes.txt").write_text("keep me")
+    elif what == "a file":
+        target.write_text("keep me")
+    else:
+        Supertable.create(str(target), pa.schema([("body", pa.string())]))
+    before = sorted((str(p.relative_to(tmp_path)), p.read_bytes() if p.is_file() else None)
+                    for p in tmp_path.rglob("*"))
+    done = _run_example(str(target), ROOT, "-m")
+    assert done.returncode == 1
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and str(target) in lines[0], done.stderr
+    assert ("another schema" if what == "another table" else "not a supertable") in lines[0]
+    assert done.stdout == ""
+    assert sorted((str(p.relative_to(tmp_path)), p.read_bytes() if p.is_file() else None)
+                  for p in tmp_path.rglob("*")) == before
