@@ -20,7 +20,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 
-from beam_upsert import Invalid, UpsertCommand, UpsertError
+from beam_upsert import Invalid, UpsertCommand, UpsertError, invalid_to_json
 
 BAD_TAG = "bad"
 JOB_NAMESPACE = "pipelines"
@@ -154,6 +154,7 @@ def change_to_parquet_row(row: dict) -> dict:
 
 
 def to_json(row: Any) -> str:
+    """One output line: a dead letter as ``beam_upsert.invalid_to_json`` encodes it."""
     if isinstance(row, Invalid):
-        row = {"element": row.element, "reason": row.reason}
+        return invalid_to_json(row)
     return json.dumps(row, default=_json_default, sort_keys=True)

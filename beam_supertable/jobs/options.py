@@ -146,11 +146,23 @@ def parse(parser: JobParser, argv: Sequence[str]) -> Tuple[PipelineOptions, argp
         ``(options, args)``: Beam's pipeline options (Flink defaults filled
         in), built from Beam's flags only, and the job's own flags.
     """
-    args, rest = parser.parse_known_args(list(argv))
+    # An unknown flag is the likelier mistake (``--tabel`` for a required
+    # ``--table``), so it is reported before a missing required one.
+    required = [a for a in parser._actions if a.required]
+    for action in required:
+        action.required = False
+    try:
+        args, rest = parser.parse_known_args(list(argv))
+    finally:
+        for action in required:
+            action.required = True
     beam_parser = _beam_parser()
     _, unknown = beam_parser.parse_known_args(rest)
     if unknown:
         parser.error(_unknown_message(unknown[0], _flags_of(parser), _flags_of(beam_parser)))
+    missing = [a.option_strings[0] for a in required if getattr(args, a.dest) is None]
+    if missing:
+        parser.error(f"the following arguments are required: {', '.join(missing)}")
     return flink.fill_defaults(PipelineOptions(rest), rest), args
 
 

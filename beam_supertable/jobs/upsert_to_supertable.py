@@ -283,7 +283,7 @@ def check_columns(flag: str, path: str, schema: pa.Schema, rows: List[dict]) -> 
 class Plan(NamedTuple):
     """What the job reads and writes, settled (and checked) before the pipeline is built."""
 
-    pattern: str
+    pattern: Optional[str]   # None until a replay has written its command file
     keys: List[str]
     schema: Optional[pa.Schema]
     create: Dict[str, Any]     # UpsertToSupertable's create settings; {} for an existing table
@@ -300,10 +300,11 @@ def plan(args) -> Plan:
             schema = parse_schema(args.schema)
         except ValueError as exc:
             raise JobError(str(exc)) from None
-    pattern = args.commands or DEFAULT_COMMANDS
-    path = require_input("--commands", pattern)
-    format_of(path)
-    rows = sample_commands(path)
+    if args.replay and args.commands:
+        raise JobError("--replay and --commands: give one of them")
+    if args.replay and table is None:
+        raise JobError(f"--replay: no table at {args.table}; a replay applies dead letters to "
+                       "the table that rejected them")
     if table is not None:
         keys = table.primary_key
         if not keys:
@@ -316,6 +317,13 @@ def plan(args) -> Plan:
         if schema is not None and not same_columns(schema, table.user_schema):
             raise JobError(f"--schema does not match the table at {args.table}, which has "
                            f"{table.user_schema.names}")
+        if args.replay:   # the records are checked one by one (prepare_replay)
+            return Plan(None, keys, schema, {}, options)
+    pattern = args.commands or DEFAULT_COMMANDS
+    path = require_input("--commands", pattern)
+    format_of(path)
+    rows = sample_commands(path)
+    if table is not None:
         check_keys(path, keys, rows, new_table=False)
         check_columns("--table " + args.table, path, table.user_schema, rows)
         return Plan(pattern, keys, schema, {}, options)
@@ -448,8 +456,6 @@ def run(argv: Optional[List[str]] = None) -> dict:
     """Runs the job; returns its counters (RejectedRun past ``--max-invalid``)."""
     options, args = parse(build_parser(), job_argv(argv))
     todo = plan(args)
-    if args.replay and args.commands:
-        raise JobError("--replay and --commands: give one of them")
     dead = DeadLetters(default_dead_letters(args.table, args.dead_letters, JOB),
                        new_run_id(args.job_id))
     local_parents(args.table, dead.part)

@@ -21,6 +21,7 @@ from apache_beam.utils.timestamp import Timestamp
 from beam_supertable import ReadFromSupertable, Supertable, WriteToSupertable
 from beam_upsert import Upsert
 from beam_supertable.jobs import flink, upsert_changes
+from tests.beam_supertable.jobs.outputs import job_outputs
 from tests.beam_upsert.helpers import FLAVORS, _Stamp, _WithTime, timestamped
 from tests.beam_upsert.reference import reference_upsert
 
@@ -147,8 +148,7 @@ def test_main_job_on_flink_equals_direct_runner(flink_jar, tmp_path):
                                      "--parallelism=2", f"--flink_job_server_jar={flink_jar}"])):
         out = str(tmp_path / runner / "changes.jsonl")
         summaries[runner] = upsert_changes.run(["--output", out] + extra)
-        with open(out) as f, open(out + ".invalid.jsonl") as g:
-            outputs[runner] = (sorted(f), sorted(g))
+        outputs[runner] = job_outputs(out)
     assert outputs["flink"] == outputs["direct"]
     assert len(outputs["flink"][0]) > 100 and len(outputs["flink"][1]) == 2
     for name in ("inserts", "updates", "deletes", "rehydrated"):

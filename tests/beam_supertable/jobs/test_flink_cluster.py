@@ -17,6 +17,7 @@ from beam_supertable import ReadFromSupertable, Supertable, WriteToSupertable
 from beam_supertable.testing import FailFirstAttempt
 from beam_upsert import Upsert
 from beam_supertable.jobs import flink, upsert_changes
+from tests.beam_supertable.jobs.outputs import job_outputs
 from tests.beam_upsert.helpers import _Stamp, _WithTime, timestamped
 from tests.beam_upsert.reference import reference_upsert
 from tests.beam_supertable.jobs.flink_cluster import FlinkCluster, WorkerPool
@@ -101,8 +102,7 @@ def test_main_job_on_the_cluster_equals_direct_runner(cluster, tmp_path):
                                      "--parallelism=2", "--environment_type=LOOPBACK"])):
         out = str(tmp_path / runner / "changes.jsonl")
         upsert_changes.run(["--output", out] + extra)
-        with open(out) as f, open(out + ".invalid.jsonl") as g:
-            outputs[runner] = (sorted(f), sorted(g))
+        outputs[runner] = job_outputs(out)
     assert outputs["flink"] == outputs["direct"] and len(outputs["flink"][0]) > 100
 
 

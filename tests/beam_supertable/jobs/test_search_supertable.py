@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from beam_supertable.jobs import flink, load_supertable, search_supertable
+from tests.beam_supertable.jobs.outputs import job_outputs
 from beam_supertable.jobs.search_supertable import parse_filter
 
 SUMMARY = re.compile(r"^search_supertable: queries=(\d+) results=(\d+) empty=(\d+) invalid=(\d+) "
@@ -179,8 +180,7 @@ def test_search_on_flink_equals_direct_runner(flink_jar, table, tmp_path):
         out = str(tmp_path / runner / "results.jsonl")
         counts = search_supertable.run(["--table", table, "--output", out] + extra)
         assert counts["queries"] == 4 and counts["unparseable"] == 1, runner
-        with open(out) as f, open(out + ".invalid.jsonl") as g:
-            got[runner] = (sorted(f), sorted(g))
+        got[runner] = job_outputs(out)
     assert got["flink"] == got["direct"]
 
 
