@@ -39,6 +39,7 @@ import time
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO
 
+from beam_supertable._program import program_name
 from beam_supertable._version import __version__
 from beam_supertable.errors import SupertableError
 from beam_supertable.inspection import inspect_table
@@ -47,7 +48,7 @@ from beam_supertable.writer import TARGET_SUPERFILE_BYTES
 
 __all__ = ["main", "parse_bytes", "parse_duration"]
 
-PROG = "python -m beam_supertable"
+PROG = program_name("python -m beam_supertable")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 PROGRESS_INTERVAL_S = 0.1      # at most ten progress redraws a second
 PROGRESS_BAR_WIDTH = 30

@@ -32,7 +32,7 @@ LAYER_NAMES = ["errors", "indexes", "storage and format", "table", "Beam adapter
 # Modules of beam_supertable by layer; a module missing here fails the test,
 # so a new module must be given its place.
 SUPERTABLE_LAYERS = {
-    ERRORS: {"errors", "_version"},
+    ERRORS: {"errors", "_version", "_program"},
     INDEX: {"vector", "fts"},   # the subpackages, whole
     STORAGE: {"store", "cache", "digest", "expression", "schema", "_row_reasons", "filters",
               "keys", "deletes", "ids", "superfile", "reader", "writer", "manifest",

@@ -23,6 +23,7 @@ import apache_beam as beam
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
+from beam_supertable._program import program_name
 from beam_supertable import Supertable
 from beam_supertable.transforms import NAMESPACE as TABLE_NAMESPACE
 from beam_supertable.transforms import WriteToSupertable
@@ -40,7 +41,7 @@ from beam_upsert import Invalid
 
 __all__ = ["build_parser", "main", "plan", "run"]
 
-PROG = "python -m pipelines.load_supertable"
+PROG = program_name("python -m pipelines.load_supertable")
 JOB = "load_supertable"
 SAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "samples")
 DEFAULT_INPUT = os.path.join(SAMPLES, "chunks.jsonl")

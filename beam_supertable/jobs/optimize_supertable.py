@@ -23,12 +23,13 @@ from typing import List, Optional
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
+from beam_supertable._program import program_name
 from beam_supertable import Supertable
 from beam_supertable.optimize import (
     DEFAULT_TARGET_FILE_BYTES, OptimizePlan, commit_optimize, plan_optimize, rewrite_group)
 from beam_supertable.jobs.io_formats import JOB_NAMESPACE
 
-PROG = "python -m pipelines.optimize_supertable"
+PROG = program_name("python -m pipelines.optimize_supertable")
 from beam_supertable.jobs.options import (
     JobParser, add_storage_options, byte_size, counter_totals, job_argv, open_table, parse,
     positive_int, run_pipeline, storage_options)

@@ -31,6 +31,7 @@ import apache_beam as beam
 import pyarrow.compute as pc
 from apache_beam.metrics import Metrics
 
+from beam_supertable._program import program_name
 from beam_supertable.rag import (
     DEFAULT_MAX_BATCH_SIZE, ENRICHMENT_KEY, MODES, EnrichWithSupertable,
     SupertableSearchEnrichmentHandler)
@@ -44,7 +45,7 @@ from beam_supertable.jobs.file_rows import (
 from beam_supertable.jobs.io_formats import JOB_NAMESPACE, to_json
 
 SAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "samples")
-PROG = "python -m pipelines.search_supertable"
+PROG = program_name("python -m pipelines.search_supertable")
 DEFAULT_QUERIES = os.path.join(SAMPLES, "queries.jsonl")
 DEFAULT_TABLE = os.path.join("out", "chunks")
 DEFAULT_OUTPUT = os.path.join("out", "search_results.jsonl")

@@ -15,6 +15,7 @@ from apache_beam.utils.timestamp import Timestamp
 
 from beam_upsert import Upsert
 from beam_upsert.metrics import NAMESPACE
+from beam_supertable._program import program_name
 from beam_supertable.jobs.options import (
     DeadLetters, JobParser, add_max_invalid, check_invalid, counter_totals, job_argv,
     local_parents, new_run_id, parse, require_input, run_pipeline)
@@ -27,7 +28,7 @@ SAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "samples")
 DEFAULT_COMMANDS = os.path.join(SAMPLES, "commands.jsonl")
 DEFAULT_PRIOR = os.path.join(SAMPLES, "prior.jsonl")
 DEFAULT_OUTPUT = os.path.join("out", "changes.jsonl")
-PROG = "python -m pipelines.upsert_changes"
+PROG = program_name("python -m pipelines.upsert_changes")
 
 
 def build_parser() -> JobParser:

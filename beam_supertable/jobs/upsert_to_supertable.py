@@ -45,6 +45,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 
+from beam_supertable._program import program_name
 from beam_supertable import Supertable, UpsertToSupertable
 from beam_supertable.upsert_write import NAMESPACE as TABLE_NAMESPACE
 from beam_upsert import Invalid, UpsertCommand
@@ -61,7 +62,7 @@ from beam_supertable.jobs.options import main as job_main
 
 __all__ = ["build_parser", "infer_schema", "main", "run"]
 
-PROG = "python -m pipelines.upsert_to_supertable"
+PROG = program_name("python -m pipelines.upsert_to_supertable")
 SAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "samples")
 DEFAULT_COMMANDS = os.path.join(SAMPLES, "commands.jsonl")
 DEFAULT_TABLE = os.path.join("out", "sensors")
