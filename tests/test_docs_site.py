@@ -2,6 +2,7 @@
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -44,3 +45,86 @@ def test_the_readme_is_short_with_the_quick_start_first_and_no_outside_paths():
     assert block is not None, "the Quick start has no fenced block"
     assert block.group(1) == QUICK_START, f"first Quick start block: {block.group(1)!r}"
     assert "../shared" not in text
+
+
+# -- the commands the documentation shows ---------------------------------------------------------
+JOB_COMMANDS = {
+    "python -m pipelines.upsert_to_supertable": "upsert_to_supertable",
+    "./scripts/run-main": "upsert_to_supertable",
+    "beam-supertable-upsert": "upsert_to_supertable",
+    "python -m pipelines.load_supertable": "load_supertable",
+    "beam-supertable-load": "load_supertable",
+    "python -m pipelines.search_supertable": "search_supertable",
+    "beam-supertable-search": "search_supertable",
+    "python -m pipelines.optimize_supertable": "optimize_supertable",
+    "beam-supertable-optimize": "optimize_supertable",
+    "python -m pipelines.upsert_changes": "upsert_changes",
+    "beam-upsert-changes": "upsert_changes",
+}
+CLI_COMMANDS = ("python -m beam_supertable", ".venv/bin/python -m beam_supertable",
+                ".venv/bin/beam-supertable", "beam-supertable")
+DOC_PAGES = [README] + [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(ROOT, "docs"))
+                        for f in fs if f.endswith(".md")]
+
+
+def _shown_commands():
+    """Each command line of a fenced block in the docs, continuation lines joined."""
+    for page in DOC_PAGES:
+        with open(page, encoding="utf-8") as f:
+            text = f.read()
+        for block in re.findall(r"^```[^\n]*\n(.*?)^```", text, re.S | re.M):
+            for line in block.replace("\\\n", " ").splitlines():
+                line = line.split("  #")[0].strip()
+                yield os.path.relpath(page, ROOT), line
+
+
+def _flags(parser):
+    return {s for a in parser._actions for s in a.option_strings}
+
+
+def test_every_flag_the_docs_show_is_a_flag_of_that_command():
+    import importlib
+
+    from beam_supertable import cli
+    from beam_supertable.jobs import options
+
+    beam_flags = _flags(options._beam_parser())
+    checked, wrong = 0, []
+    for page, line in _shown_commands():
+        prefix, job = next(((p, j) for p, j in JOB_COMMANDS.items()
+                            if line.startswith(p + " ") or line == p), (None, None))
+        if job is not None:
+            known = _flags(importlib.import_module(f"beam_supertable.jobs.{job}").build_parser())
+            known |= beam_flags
+        elif line.startswith(CLI_COMMANDS):
+            prefix = next(p for p in CLI_COMMANDS if line.startswith(p))
+            parser = cli.build_parser()
+            [subparsers] = [a for a in parser._actions if a.dest == "command"]
+            words = line.split()
+            sub = next((subparsers.choices[w] for w in words if w in subparsers.choices), None)
+            known = _flags(parser) | (_flags(sub) if sub else set())
+        else:
+            continue
+        checked += 1
+        words = [w.strip("[]") for w in shlex.split(line[len(prefix):])]
+        for flag in (w.split("=")[0] for w in words if w.startswith("-")):
+            if flag not in known:
+                wrong.append(f"{page}: {flag} in {line!r}")
+    assert checked >= 15, checked
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_summary_lines_the_docs_show_are_what_the_sample_job_prints(tmp_path):
+    """The quick start's two lines, as the README, getting started and the guide show them."""
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    printed = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-m", "pipelines.upsert_to_supertable"],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        printed.append(done.stdout.strip())
+    for page in (README, os.path.join(ROOT, "docs", "getting-started.md")):
+        with open(page, encoding="utf-8") as f:
+            text = f.read()
+        for line in printed:
+            assert line in text, f"{os.path.relpath(page, ROOT)} does not show {line!r}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
+import warnings
 from typing import List, Optional
 
 __all__ = ["launch", "quiet_logging"]
@@ -23,6 +24,9 @@ NOISY_LOGGERS = ("apache_beam", "fsspec", "s3fs", "botocore", "aiobotocore", "ur
                  "google", "absl")
 # Messages apache-beam logs on the root logger while it imports.
 _ROOT_NOISE = ("apitools not found",)
+# Warnings third parties raise at import time about the environment, not the job:
+# google-api-core (imported by Beam's Enrichment) on the Python version's end of life.
+_IMPORT_WARNINGS = (("You are using a Python version", FutureWarning, r"google\.api_core"),)
 
 
 class _DropRootNoise(logging.Filter):
@@ -49,6 +53,9 @@ def quiet_logging(verbose: bool = False) -> None:
         logging.getLogger(name).setLevel(logging.NOTSET if verbose else logging.CRITICAL)
     for name in ("beam_supertable", "beam_upsert"):
         logging.getLogger(name).setLevel(logging.INFO if verbose else logging.WARNING)
+    if not verbose:
+        for message, category, module in _IMPORT_WARNINGS:
+            warnings.filterwarnings("ignore", message=message, category=category, module=module)
 
 
 def launch(job: str, argv: Optional[List[str]] = None) -> int:
