@@ -1,5 +1,6 @@
 """The documentation: the mkdocs site builds in strict mode, and the README stays a front page."""
 
+import json
 import os
 import re
 import shlex
@@ -114,17 +115,37 @@ def test_every_flag_the_docs_show_is_a_flag_of_that_command():
     assert not wrong, "\n".join(wrong)
 
 
-def test_the_summary_lines_the_docs_show_are_what_the_sample_job_prints(tmp_path):
-    """The quick start's two lines, as the README, getting started and the guide show them."""
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    printed = []
-    for _ in range(2):
-        done = subprocess.run([sys.executable, "-m", "pipelines.upsert_to_supertable"],
-                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr
-        printed.append(done.stdout.strip())
-    for page in (README, os.path.join(ROOT, "docs", "getting-started.md")):
-        with open(page, encoding="utf-8") as f:
-            text = f.read()
-        for line in printed:
-            assert line in text, f"{os.path.relpath(page, ROOT)} does not show {line!r}"
+def _job(name, *args, cwd):
+    done = subprocess.run([sys.executable, "-m", f"pipelines.{name}", *args], cwd=cwd,
+                          env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def _page(*parts):
+    with open(os.path.join(ROOT, *parts), encoding="utf-8") as f:
+        return f.read()
+
+
+def test_the_summary_lines_the_docs_show_are_what_the_sample_jobs_print(tmp_path):
+    """The quick start's two lines, and the jobs guide's lines for the sample runs."""
+    first, second = (_job("upsert_to_supertable", cwd=tmp_path) for _ in range(2))
+    for page in ("README.md", "docs/getting-started.md", "docs/guides/jobs-and-cli.md"):
+        for line in ((first, second) if page != "docs/guides/jobs-and-cli.md" else (first,)):
+            assert line in _page(page), f"{page} does not show {line!r}"
+    guide = _page("docs", "guides", "jobs-and-cli.md")
+    printed = [_job("load_supertable", cwd=tmp_path), _job("load_supertable", cwd=tmp_path),
+               _job("search_supertable", cwd=tmp_path),
+               _job("search_supertable", "--filter", 'topic == "space" and year >= 2010',
+                    cwd=tmp_path)]
+
+    # The replay the guide walks through: a rejected command, corrected in its record.
+    with open(tmp_path / "out" / "sensors.invalid.jsonl", encoding="utf-8") as f:
+        record = json.loads(next(line for line in f if "sensor-03" in line))
+    record["element"] = {"key": "sensor-03", "value": {"reading": 12}, "offset": 99,
+                         "time": 1767225600}
+    (tmp_path / "fix.jsonl").write_text(json.dumps(record) + "\n")
+    printed.append(_job("upsert_to_supertable", "--replay", "fix.jsonl", cwd=tmp_path))
+    for line in printed:
+        assert line in guide, f"docs/guides/jobs-and-cli.md does not show {line!r}"
