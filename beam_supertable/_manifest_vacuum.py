@@ -9,7 +9,7 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 
-from beam_supertable import ids
+from beam_supertable import iceberg, ids
 from beam_supertable.store import ObjectInfo
 from beam_supertable._manifest_doc import (
     HINT, META, TOKENS, VERSIONS, Snapshot, version_of, version_path)
@@ -97,6 +97,8 @@ class Vacuum:
         for value in snapshot.properties.values():
             if isinstance(value, dict) and isinstance(value.get("path"), str):
                 refs.add(value["path"])
+        if iceberg.is_enabled(snapshot):
+            refs |= iceberg.referenced(self.store, snapshot)
         return refs
 
     def plan_vacuum(self, *, retain_versions: int = 10,
@@ -154,7 +156,7 @@ class Vacuum:
                 if version is None:
                     continue
             elif not (path.startswith(("data/", "deletes/", f"{META}/")) or
-                      path.rsplit("/", 1)[-1].startswith(".tmp-")):
+                      iceberg.is_ours(path) or path.rsplit("/", 1)[-1].startswith(".tmp-")):
                 continue  # not ours: leave objects we did not write alone
             else:
                 version = None

@@ -3,6 +3,7 @@
 from typing import Optional
 
 __all__ = [
+    "IcebergDisabledError",
     "AlreadyExists", "CommitConflictError", "CommitFailedError", "CorruptManifestError",
     "DuplicateKeyError", "FrontierError", "MemoryBudgetError", "NotATableError",
     "SchemaMismatchError", "StoreIOError", "SupertableError", "TableExistsError",
@@ -88,3 +89,8 @@ class DuplicateKeyError(SupertableError, ValueError):
 
 class FrontierError(SupertableError, ValueError):
     """A commit would move the table's source frontier backwards."""
+
+
+class IcebergDisabledError(SupertableError, ValueError):
+    """The table keeps no Iceberg metadata (created with ``iceberg=False``, or by an
+    older release): ``Supertable.sync_iceberg()`` turns it on."""

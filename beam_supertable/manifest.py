@@ -56,6 +56,7 @@ from beam_supertable.errors import (
     NotATableError, SchemaMismatchError, StoreIOError, SupertableError, TableExistsError, TokenReuseError,
     VersionNotFoundError)
 from beam_supertable.store import ObjectStore
+from beam_supertable.iceberg import IcebergMetadata
 from beam_supertable._manifest_doc import (  # noqa: F401 - the document format, re-exported
     FORMAT_VERSION, HINT, META, PARTS, RECENT_TOKENS, TOKENS, VERSION_DIGITS, VERSIONS,
     CommitRequest, PartRef, Snapshot, _canonical, _entry_ids, _same_rows, commit_fingerprint,
@@ -139,6 +140,7 @@ class Manifest(TokenIndex, Vacuum):
         self.store = store
         self._parts: Dict[str, List[dict]] = {}
         self._sleep: Callable[[float], None] = time.sleep
+        self.iceberg = IcebergMetadata(store, self.read_part)
 
     # -- reading ---------------------------------------------------------
     def read_part(self, path: str) -> List[dict]:
@@ -240,7 +242,12 @@ class Manifest(TokenIndex, Vacuum):
         except AlreadyExists as exc:
             raise TableExistsError(f"{self.store.uri}: a supertable already exists here") from exc
         self._write_hint(0)
-        return self._snapshot(doc)
+        return self._landed_new(self._snapshot(doc))
+
+    def _landed_new(self, snapshot: Snapshot) -> Snapshot:
+        """A version this call created, after its Iceberg metadata (when the table keeps it)."""
+        self.iceberg.after_commit(snapshot)
+        return snapshot
 
     def _document(self, version, schema, properties, parts, deletes, totals, operation,
                   token, metadata, recent_tokens) -> Dict[str, Any]:
@@ -484,7 +491,7 @@ class Manifest(TokenIndex, Vacuum):
                     for lost in attempted:
                         if lost != doc["version"]:
                             self._drop_marker(token_marker_path(req.token, lost))
-                return self._snapshot(doc)
+                return self._landed_new(self._snapshot(doc))
             except AlreadyExists as exc:
                 reason, cause = "lost the race", exc
             except Exception as exc:
@@ -500,7 +507,7 @@ class Manifest(TokenIndex, Vacuum):
                 if doc is not None and req.token is None:
                     if self._safe_try_version(doc["version"]) == doc:
                         self._write_hint(doc["version"])
-                        return self._snapshot(doc)
+                        return self._landed_new(self._snapshot(doc))
             if attempt >= max_retries:
                 raise CommitFailedError(
                     f"{self.store.uri}: commit ({req.operation}) did not land after "

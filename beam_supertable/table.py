@@ -33,6 +33,8 @@ from beam_supertable.writer import (
     TARGET_SUPERFILE_BYTES, Layout)
 from beam_supertable._table_search import THIN_MIN_FACTOR, TableSearch  # noqa: F401
 from beam_supertable._table_write import APPEND_MEMORY_FACTOR, TableWrites  # noqa: F401
+from beam_supertable._table_iceberg import TableIceberg
+from beam_supertable import iceberg as iceberg_meta
 
 if TYPE_CHECKING:
     from beam_supertable.optimize import OptimizePlan
@@ -46,7 +48,7 @@ Metric = Literal["l2", "cosine", "dot"]
 _LOG = logging.getLogger(__name__)
 
 
-class Supertable(TableWrites, TableSearch):
+class Supertable(TableWrites, TableSearch, TableIceberg):
     """A table of immutable Parquet superfiles with vector and text indexes.
 
     Example::
@@ -94,7 +96,8 @@ class Supertable(TableWrites, TableSearch):
                target_superfile_bytes: int = TARGET_SUPERFILE_BYTES,
                single_writer: bool = False,
                cache_bytes: int = DEFAULT_CACHE_BYTES,
-               primary_key: Union[str, Sequence[str], None] = None) -> "Supertable":
+               primary_key: Union[str, Sequence[str], None] = None,
+               iceberg: bool = True) -> "Supertable":
         """Creates an empty table.
 
         Args:
@@ -118,13 +121,16 @@ class Supertable(TableWrites, TableSearch):
                 cell (vector-only), for rows within that share of the boundary.
             stop_words: words the tokenizer drops (none by default).
             cache_bytes: the handle's read cache budget (see the class note).
+            iceberg: keep Apache Iceberg v2 metadata beside every version, so
+                Iceberg readers read the table (see ``iceberg_metadata_location``).
         """
         if mode not in CREATE_MODES:
             raise ValueError(f"{uri}: mode must be one of {CREATE_MODES}, got {mode!r}")
         full, props = cls.describe_create(
             uri, schema, vector_column=vector_column, metric=metric, fts_columns=fts_columns,
             n_cells=n_cells, replica_factor=replica_factor, stop_words=stop_words,
-            target_superfile_bytes=target_superfile_bytes, primary_key=primary_key)
+            target_superfile_bytes=target_superfile_bytes, primary_key=primary_key,
+            iceberg=iceberg)
         store = ObjectStore(uri, storage_options, single_writer=single_writer)
         manifest = Manifest(store)
         if mode == "exist_ok":
@@ -156,8 +162,8 @@ class Supertable(TableWrites, TableSearch):
                         n_cells: Optional[int] = None, replica_factor: float = 0.0,
                         stop_words: Sequence[str] = (),
                         target_superfile_bytes: int = TARGET_SUPERFILE_BYTES,
-                        primary_key: Union[str, Sequence[str], None] = None
-                        ) -> Tuple[pa.Schema, Dict[str, Any]]:
+                        primary_key: Union[str, Sequence[str], None] = None,
+                        iceberg: bool = True) -> Tuple[pa.Schema, Dict[str, Any]]:
         """Checks ``create``'s arguments without writing anything.
 
         Returns:
@@ -172,6 +178,8 @@ class Supertable(TableWrites, TableSearch):
         check_metric(metric)
         key = check_primary_key(uri, schema, primary_key)
         props: Dict[str, Any] = {"target_superfile_bytes": int(target_superfile_bytes)}
+        if iceberg:
+            props[iceberg_meta.ENABLED_PROPERTY] = dict(iceberg_meta.ENABLED_VALUE)
         if key:
             props["primary_key"] = key
             schema = pa.schema([f.with_nullable(False) if f.name in key else f for f in schema],

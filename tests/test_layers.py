@@ -36,9 +36,10 @@ SUPERTABLE_LAYERS = {
     INDEX: {"vector", "fts"},   # the subpackages, whole
     STORAGE: {"store", "cache", "digest", "expression", "schema", "_row_reasons", "filters",
               "keys", "deletes", "ids", "superfile", "reader", "writer", "manifest",
-              "_manifest_doc", "_manifest_tokens", "_manifest_vacuum"},
+              "_manifest_doc", "_manifest_tokens", "_manifest_vacuum", "iceberg",
+              "_iceberg_avro", "_iceberg_schema"},
     TABLE: {"_handle", "mutation", "optimize", "_optimize_plan", "lookup", "table",
-            "_table_search", "_table_write", "inspection"},
+            "_table_search", "_table_write", "_table_iceberg", "inspection"},
     BEAM: {"__init__", "__main__", "cli", "read", "write", "_write_checks", "_write_stages",
            "transforms", "upsert_write", "_upsert_table", "_upsert_validate",
            "_upsert_apply", "_upsert_commit", "rag", "testing", "_testing_diff",
