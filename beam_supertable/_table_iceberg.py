@@ -35,6 +35,7 @@ class TableIceberg:
             IcebergDisabledError: the table keeps no Iceberg metadata; run
                 ``sync_iceberg()`` (``beam-supertable iceberg sync``) once.
             VersionNotFoundError: no such version (or vacuumed).
+            CorruptManifestError: the metadata file is there but unreadable.
         """
         snapshot = self._snapshot if version is None or version == self.version \
             else self._manifest.load(version)
@@ -43,9 +44,7 @@ class TableIceberg:
                 f"{self.uri}: version {snapshot.version} keeps no Iceberg metadata (the table "
                 "was created with iceberg=False or by an older release); run "
                 "Supertable.sync_iceberg() or `beam-supertable iceberg sync --table URI` once")
-        path = iceberg.metadata_path(snapshot.version)
-        if not self._manifest.iceberg.exists(snapshot.version):
-            self._manifest.iceberg.write(snapshot)
+        path = self._manifest.iceberg.ensure(snapshot)
         return f"{iceberg.table_location(self.store)}/{path}"
 
     def sync_iceberg(self) -> str:

@@ -1,4 +1,4 @@
-"""The command line: ``python -m beam_supertable {inspect,optimize,vacuum} --table URI``.
+"""The command line: ``python -m beam_supertable {inspect,optimize,vacuum,iceberg} --table URI``.
 
 Installed, the same is the console script ``beam-supertable``::
 
@@ -8,6 +8,9 @@ Installed, the same is the console script ``beam-supertable``::
     python -m beam_supertable optimize --table /data/docs --dry-run
     python -m beam_supertable optimize --table /data/docs --max-rewrite-bytes 8GiB --vacuum-after
     python -m beam_supertable vacuum --table /data/docs --older-than 6h --retain-versions 10
+    python -m beam_supertable iceberg sync --table /data/docs
+    python -m beam_supertable iceberg register --table /data/docs \\
+        --catalog sqlite:////data/catalog.db --name docs.chunks
 
 The table is named by ``--table``, as in the jobs (``python -m pipelines.<job>``);
 a table given as the first positional argument, as earlier releases took it,
@@ -162,9 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     nbytes = _argument_type(parse_bytes, "byte size")
     count = _argument_type(_positive_int, "count")
 
-    def command(name: str, help_text: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=help_text, description=help_text,
-                                  formatter_class=_HelpFormatter, allow_abbrev=False)
+    def command(name: str, help_text: str, under=commands) -> argparse.ArgumentParser:
+        sub = under.add_parser(name, help=help_text, description=help_text,
+                               formatter_class=_HelpFormatter, allow_abbrev=False)
         sub.add_argument("--table", dest="table", metavar="URI", default=None,
                          help="the table: a local path, memory://..., s3://bucket/prefix, ... "
                               "(required)")
@@ -205,6 +208,25 @@ def build_parser() -> argparse.ArgumentParser:
     vacuum_options(vacuum, "vacuum")
     vacuum.add_argument("--dry-run", action="store_true",
                         help="print what would be deleted; delete nothing")
+
+    iceberg = commands.add_parser(
+        "iceberg", help="The table's Apache Iceberg metadata: sync, register.",
+        description="The table's Apache Iceberg metadata: sync, register.",
+        formatter_class=_HelpFormatter, allow_abbrev=False)
+    actions = iceberg.add_subparsers(dest="iceberg_command", required=True, metavar="ACTION",
+                                     parser_class=_Parser)
+    command("sync", "Turn the Iceberg metadata on (one commit, when it is off) and write it "
+                    "for the latest version; print its location.", under=actions)
+    register = command("register", "Register the table's latest version in a pyiceberg SQL "
+                                   "catalog (needs pyiceberg); rerun to point it at a newer "
+                                   "version.", under=actions)
+    register.add_argument("--catalog", required=True, metavar="URI",
+                          help="the catalog's SQLAlchemy URI, e.g. sqlite:////data/catalog.db")
+    register.add_argument("--name", required=True, metavar="NAMESPACE.TABLE",
+                          help="the identifier to register the table under")
+    register.add_argument("--catalog-name", default="default", metavar="NAME",
+                          help="the catalog's name, as pyiceberg's SqlCatalog(NAME, uri=...) "
+                               "is opened (default: default)")
     return parser
 
 
@@ -257,7 +279,51 @@ def _vacuum(args: argparse.Namespace) -> Any:
     return doc, text
 
 
-_COMMANDS = {"inspect": _inspect, "optimize": _optimize, "vacuum": _vacuum}
+def _iceberg(args: argparse.Namespace) -> Any:
+    table = _open(args)
+    if args.iceberg_command == "sync":
+        location = table.sync_iceberg()
+        return ({"uri": args.uri, "version": table.version, "metadata_location": location},
+                f"{args.uri}: version {table.version} as Iceberg metadata {location}")
+    location = table.iceberg_metadata_location()
+    registered = register_in_sql_catalog(args.catalog, args.name, location, args.catalog_name)
+    return ({"uri": args.uri, "version": table.version, "metadata_location": location,
+             "catalog": args.catalog, "identifier": args.name, "replaced": registered},
+            f"{args.uri}: version {table.version} registered as {args.name} in {args.catalog}"
+            + (" (replacing the earlier entry)" if registered else ""))
+
+
+def register_in_sql_catalog(catalog_uri: str, identifier: str, location: str,
+                            catalog_name: str = "default") -> bool:
+    """Points ``identifier`` of a pyiceberg SQL catalog at ``location``.
+
+    Returns:
+        True when an earlier entry was replaced (the catalog entry only: no
+        file is touched).
+    """
+    try:
+        from pyiceberg.catalog.sql import SqlCatalog
+        from pyiceberg.exceptions import NamespaceAlreadyExistsError
+    except ImportError as exc:
+        raise ValueError("iceberg register needs pyiceberg with SQL support: pip install "
+                         "'pyiceberg[sql-sqlite]' (or beam-upsert-supertable[interop])") from exc
+    namespace, _, name = identifier.rpartition(".")
+    if not namespace or not name:
+        raise ValueError(f"--name {identifier}: expected NAMESPACE.TABLE")
+    catalog = SqlCatalog(catalog_name, uri=catalog_uri)
+    try:
+        catalog.create_namespace(namespace)
+    except NamespaceAlreadyExistsError:
+        pass
+    replaced = catalog.table_exists(identifier)
+    if replaced:
+        catalog.drop_table(identifier)
+    catalog.register_table(identifier, location)
+    return replaced
+
+
+_COMMANDS = {"inspect": _inspect, "optimize": _optimize, "vacuum": _vacuum,
+             "iceberg": _iceberg}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

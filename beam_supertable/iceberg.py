@@ -130,8 +130,9 @@ class IcebergMetadata:
         except FileNotFoundError:
             return None
         except ValueError as exc:
-            raise CorruptManifestError(f"{self.store.uri}: {path} is not valid JSON: {exc}") \
-                from exc
+            raise CorruptManifestError(
+                f"{self.store.uri}: {path} is not valid JSON ({exc}); delete it and it is "
+                "written again") from exc
 
     def _table_json(self, version: int) -> Optional[Dict[str, Any]]:
         if version not in self._tables:
@@ -156,8 +157,25 @@ class IcebergMetadata:
         for old in sorted(cache)[:-4]:
             del cache[old]
 
-    def exists(self, version: int) -> bool:
-        return version in self._tables or self.store.exists(metadata_path(version))
+    def ensure(self, snapshot: Snapshot) -> str:
+        """The metadata path of ``snapshot``'s version, written when missing, checked when not.
+
+        Raises:
+            CorruptManifestError: the file is there but is not this version's
+                metadata (torn, or written by something else); it is never
+                taken for an empty table.
+        """
+        version = snapshot.version
+        found = self._table_json(version)
+        if found is None:
+            return self.write(snapshot)
+        if found.get("format-version") != 2 or found.get("current-snapshot-id") != (version or None) \
+                or found.get("properties", {}).get("beam_supertable.version") != str(version):
+            self._tables.pop(version, None)
+            raise CorruptManifestError(
+                f"{self.store.uri}: {metadata_path(version)} is not the Iceberg metadata of "
+                f"version {version}; delete it and it is written again")
+        return metadata_path(version)
 
     # -- writing -------------------------------------------------------------
     def after_commit(self, snapshot: Snapshot) -> None:
@@ -181,7 +199,9 @@ class IcebergMetadata:
     def _create(self, path: str, data: bytes) -> int:
         """Creates ``path`` unless it exists; returns the size of what is there."""
         try:
-            self.store.put_if_absent(path, data)
+            # Not fsynced: derived objects; a torn one fails its reader loudly
+            # (metadata JSON is checked here) and is written again once removed.
+            self.store.put_if_absent(path, data, durable=False)
             return len(data)
         except AlreadyExists:
             return self.store.head(path).size
@@ -214,7 +234,8 @@ class IcebergMetadata:
         table = self._table_document(snapshot, schema, location, manifests)
         path = metadata_path(version)
         try:
-            self.store.put_if_absent(path, json.dumps(table, indent=1).encode())
+            self.store.put_if_absent(path, json.dumps(table, separators=(",", ":")).encode(),
+                                     durable=False)
             self._remember(self._tables, version, table)
         except AlreadyExists:
             self._tables.pop(version, None)
@@ -223,7 +244,7 @@ class IcebergMetadata:
 
     def _write_hint(self, version: int) -> None:
         try:
-            self.store.put(VERSION_HINT, str(version).encode())
+            self.store.put(VERSION_HINT, str(version).encode(), durable=False)
         except Exception as exc:  # noqa: BLE001 - the hint is a hint; v<N> files are the truth
             _LOG.warning("%s: could not update %s to %d: %s", self.store.uri, VERSION_HINT,
                          version, exc)

@@ -303,17 +303,23 @@ class ObjectStore:
         return sorted(out, key=lambda o: o.path)
 
     # -- writes ----------------------------------------------------------
-    def put(self, path: str, data: bytes) -> None:
-        """Writes (or overwrites) an object."""
+    def put(self, path: str, data: bytes, *, durable: bool = True) -> None:
+        """Writes (or overwrites) an object.
+
+        ``durable=False`` skips a local file's fsyncs: for objects derived from
+        others, which are written again when a power loss tears them.
+        """
         self.check_writable()
         if self._local:
-            self._local_write_then(self.full(path), data, os.replace)
+            self._local_write_then(self.full(path), data, os.replace, durable)
             return
         full = self.full(path)
         self._request("write", path, lambda: self.fs.pipe_file(full, data))
 
-    def put_if_absent(self, path: str, data: bytes) -> None:
+    def put_if_absent(self, path: str, data: bytes, *, durable: bool = True) -> None:
         """Creates the object atomically, or raises :class:`AlreadyExists`.
+
+        ``durable=False``: as for :meth:`put`.
 
         Note:
             On S3 a create that finds the object holding exactly ``data``
@@ -329,7 +335,7 @@ class ObjectStore:
         self.check_writable()
         full = self.full(path)
         if self._local:
-            self._local_write_then(full, data, os.link)
+            self._local_write_then(full, data, os.link, durable)
         elif self._memory:
             with _MEMORY_LOCK:
                 if self.fs.exists(full):
@@ -407,20 +413,22 @@ class ObjectStore:
         except FileNotFoundError:
             pass
 
-    def _local_write_then(self, full: str, data: bytes, place) -> None:
+    def _local_write_then(self, full: str, data: bytes, place, durable: bool = True) -> None:
         folder = os.path.dirname(full)
         os.makedirs(folder, exist_ok=True)
         tmp = os.path.join(folder, f".tmp-{uuid.uuid4().hex}")
         try:
             with open(tmp, "xb") as f:
                 f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+                if durable:
+                    f.flush()
+                    os.fsync(f.fileno())
             try:
                 place(tmp, full)
             except FileExistsError as exc:
                 raise AlreadyExists(f"{self.uri}: object {full!r} already exists") from exc
-            _fsync_dir(folder)
+            if durable:
+                _fsync_dir(folder)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)

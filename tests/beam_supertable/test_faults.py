@@ -37,15 +37,15 @@ class FaultyStore(ObjectStore):
         self._maybe_fail("head")
         return super().exists(path)
 
-    def put(self, path, data):
+    def put(self, path, data, **how):
         self._maybe_fail("put")
-        super().put(path, data)
+        super().put(path, data, **how)
 
-    def put_if_absent(self, path, data):
+    def put_if_absent(self, path, data, **how):
         self._maybe_fail("create")
         if self.on and self.rng.random() < self.rate:
             raise AlreadyExists(f"injected storm: {path}")
-        super().put_if_absent(path, data)
+        super().put_if_absent(path, data, **how)
         if self.on and self.rng.random() < self.rate:
             raise TimeoutError(f"injected: create of {path} landed but the reply was lost")
 

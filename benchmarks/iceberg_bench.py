@@ -1,0 +1,160 @@
+"""What the Iceberg face costs a commit, and how fast outside readers scan a table.
+
+    python -m benchmarks.iceberg_bench                    # local directory and S3 (moto server)
+    python -m benchmarks.iceberg_bench --backends local --skip-scan
+
+Commit cost: p50/p99 of single-superfile append commits on tables that already
+hold 10 and 1,000 superfiles, with the Iceberg metadata on and off, the two
+tables committed to in turn (interleaved), a fresh handle per commit: the
+manifest's commit alone (as ``commit_bench``), and ``Supertable.append`` of
+100 rows (the superfile written, then committed). Scan: a
+200,000-row keyed table with 10 % of its rows deleted, read whole by
+``Supertable.to_arrow()``, by pyiceberg from the version's metadata, and by
+DuckDB through ``to_pyarrow_dataset()`` (best of three, interleaved).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import tempfile
+import time
+import uuid
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from benchmarks.commit_bench import _fill, _moto
+from beam_supertable import Supertable
+from beam_supertable.iceberg import ENABLED_PROPERTY, ENABLED_VALUE
+from beam_supertable.manifest import CommitRequest, Manifest
+from beam_supertable.store import ObjectStore
+
+SCHEMA = pa.schema([("_id", pa.int64()), ("x", pa.int64())])
+SIZES = (10, 1_000)
+SAMPLES = 60
+SCAN_ROWS = 200_000
+
+
+def _entry(tag):
+    return {"id": tag, "path": f"data/{tag}.sf.parquet", "rows": 1000, "bytes": 1 << 20,
+            "id_min": 0, "id_max": 999, "stats": {"x": [0, 999]}, "null_counts": {"x": 0}}
+
+
+def commit_cost(uri, options):
+    out = {}
+    for size in SIZES:
+        tables = {}
+        for on in (False, True):
+            table_uri = f"{uri}/c{size}-{'on' if on else 'off'}-{uuid.uuid4().hex[:6]}"
+            m = Manifest(ObjectStore(table_uri, options))
+            m.create(SCHEMA, {ENABLED_PROPERTY: dict(ENABLED_VALUE)} if on else {})
+            _fill(m, size)
+            tables[on] = table_uri
+        samples = {False: [], True: []}
+        for i in range(2 * SAMPLES):
+            on = bool(i % 2)
+            req = CommitRequest(add_entries=(_entry(uuid.uuid4().hex),))
+            t0 = time.perf_counter()
+            Manifest(ObjectStore(tables[on], options)).commit(req)
+            samples[on].append(time.perf_counter() - t0)
+        out[size] = {on: (float(np.percentile(s, 50)) * 1e3, float(np.percentile(s, 99)) * 1e3)
+                     for on, s in samples.items()}
+    return out
+
+
+def append_cost(uri, options):
+    """The same, through ``Supertable.append`` of 100 rows (writing the superfile)."""
+    schema = pa.schema([("k", pa.int64()), ("x", pa.float64())])
+    batch = pa.table({"k": np.arange(100), "x": np.linspace(0, 1, 100)}, schema=schema)
+    out = {}
+    for size in SIZES:
+        tables = {}
+        for on in (False, True):
+            table_uri = f"{uri}/a{size}-{'on' if on else 'off'}-{uuid.uuid4().hex[:6]}"
+            t = Supertable.create(table_uri, schema, storage_options=options, iceberg=on)
+            big = pa.concat_tables([batch] * 10)
+            for _ in range(size):
+                t.append(big.slice(0, 100), n_shards=1)
+            tables[on] = table_uri
+        samples = {False: [], True: []}
+        for i in range(2 * SAMPLES):
+            on = bool(i % 2)
+            t = Supertable.open(tables[on], storage_options=options)
+            t0 = time.perf_counter()
+            t.append(batch, n_shards=1)
+            samples[on].append(time.perf_counter() - t0)
+        out[size] = {on: (float(np.percentile(s, 50)) * 1e3, float(np.percentile(s, 99)) * 1e3)
+                     for on, s in samples.items()}
+    return out
+
+
+def scan(uri):
+    from pyiceberg.table import StaticTable
+    import duckdb
+
+    schema = pa.schema([("key", pa.int64()), ("body", pa.string()), ("score", pa.float64())])
+    t = Supertable.create(uri, schema, primary_key="key")
+    rng = np.random.default_rng(0)
+    for start in range(0, SCAN_ROWS, 50_000):
+        keys = np.arange(start, start + 50_000)
+        t.upsert(pa.table({"key": keys, "body": [f"row {k}" for k in keys],
+                           "score": rng.random(len(keys))}, schema=schema))
+    t.delete(pc.field("key") % 10 == 0)
+    t = Supertable.open(uri)
+    location = t.iceberg_metadata_location()
+    runs = {"to_arrow": [], "pyiceberg": [], "duckdb (dataset face)": []}
+    results = {}
+    for _ in range(3):
+        t0 = time.perf_counter()
+        results["to_arrow"] = Supertable.open(uri).to_arrow().num_rows
+        runs["to_arrow"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        results["pyiceberg"] = StaticTable.from_metadata(location).scan().to_arrow().num_rows
+        runs["pyiceberg"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        live = Supertable.open(uri).to_pyarrow_dataset()
+        results["duckdb (dataset face)"] = duckdb.sql(
+            "select count(*) from live").fetchall()[0][0]
+        runs["duckdb (dataset face)"].append(time.perf_counter() - t0)
+    assert len(set(results.values())) == 1, results
+    return {name: (min(s) * 1e3, results[name]) for name, s in runs.items()}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backends", default="local,s3")
+    parser.add_argument("--skip-scan", action="store_true")
+    args = parser.parse_args(argv)
+    for backend in args.backends.split(","):
+        proc = None
+        if backend == "local":
+            uri, options = tempfile.mkdtemp(prefix="iceberg-bench-"), None
+        else:
+            proc, options = _moto()
+            uri = "s3://bench"
+        try:
+            for what, measure in (("commit", commit_cost), ("append", append_cost)):
+                for size, by in measure(uri, options).items():
+                    (off50, off99), (on50, on99) = by[False], by[True]
+                    print(f"{backend:5s} {what} at {size:>5,d} superfiles: off p50 {off50:6.1f} "
+                          f"/ p99 {off99:6.1f} ms; on p50 {on50:6.1f} / p99 {on99:6.1f} ms; "
+                          f"p50 ratio on:off {on50 / off50:.2f}x", flush=True)
+        finally:
+            if proc is not None:
+                proc.terminate()
+    if not args.skip_scan:
+        base = tempfile.mkdtemp(prefix="iceberg-scan-")
+        scanned = scan(os.path.join(base, "t"))
+        first = scanned["to_arrow"][0]
+        for name, (ms, n) in scanned.items():
+            print(f"scan {SCAN_ROWS:,} rows, 10% deleted, {name}: {ms:7.1f} ms ({n:,} rows, "
+                  f"{ms / first:.2f}x to_arrow)", flush=True)
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python "
+          f"{platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+
+
+if __name__ == "__main__":
+    main()

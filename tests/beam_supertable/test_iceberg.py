@@ -1,0 +1,313 @@
+"""Every version reads the same through Iceberg readers: pyiceberg, and DuckDB and Polars.
+
+A reference run of random upserts, deletes, appends, optimizes and vacuums is
+checked version by version: pyiceberg's scan of snapshot N (opened from
+version N's metadata file, and by snapshot id from the latest one) holds the
+rows ``Supertable.open(uri, version=N).to_arrow()`` holds, ``_id`` s and
+values alike.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from beam_supertable import Supertable
+from beam_supertable import iceberg
+from beam_supertable.errors import CorruptManifestError, IcebergDisabledError
+
+pyiceberg_table = pytest.importorskip("pyiceberg.table")
+duckdb = pytest.importorskip("duckdb")
+pl = pytest.importorskip("polars")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCHEMA = pa.schema([("key", pa.string()), ("n", pa.int64()), ("label", pa.string()),
+                    ("emb", pa.list_(pa.float32(), 4))])
+
+
+def rows(keys, n, label="x"):
+    keys = list(keys)
+    rng = np.random.default_rng(len(keys) * 7919 + int(n))
+    return pa.table({"key": [str(k) for k in keys], "n": [int(n)] * len(keys),
+                     "label": [f"{label}{k}" for k in keys],
+                     "emb": pa.array(list(rng.random((len(keys), 4), dtype=np.float32)),
+                                     pa.list_(pa.float32(), 4))}, schema=SCHEMA)
+
+
+def canonical(table: pa.Table) -> list:
+    """Rows as plain tuples sorted by ``_id``: fixed-size and plain lists compare alike."""
+    columns = table.select(["_id", "key", "n", "label", "emb"]).to_pydict()
+    return sorted(zip(*(columns[c] for c in columns)))
+
+
+def s3_properties(storage_options):
+    if not storage_options:
+        return {}
+    return {"s3.endpoint": storage_options["client_kwargs"]["endpoint_url"],
+            "s3.access-key-id": storage_options["key"],
+            "s3.secret-access-key": storage_options["secret"], "s3.region": "us-east-1"}
+
+
+def iceberg_scan(location, storage_options=None, snapshot_id=None, **scan):
+    table = pyiceberg_table.StaticTable.from_metadata(location, s3_properties(storage_options))
+    return table.scan(snapshot_id=snapshot_id, **scan)
+
+
+def assert_every_version_reads_alike(uri, storage_options=None):
+    latest = Supertable.open(uri, storage_options=storage_options)
+    oldest = min(v["version"] for v in latest.history())
+    latest_location = latest.iceberg_metadata_location()
+    for version in range(oldest, latest.version + 1):
+        ours = canonical(Supertable.open(uri, version=version,
+                                         storage_options=storage_options).to_arrow())
+        location = latest.iceberg_metadata_location(version)
+        assert canonical(iceberg_scan(location, storage_options).to_arrow()) == ours, version
+        if version:
+            by_id = iceberg_scan(latest_location, storage_options, snapshot_id=version)
+            assert canonical(by_id.to_arrow()) == ours, f"snapshot {version} by id"
+
+
+# -- the same rows at every version ----------------------------------------------------------------
+def test_each_version_is_the_iceberg_snapshot_of_the_same_number(tmp_path):
+    uri = str(tmp_path / "t")
+    t = Supertable.create(uri, SCHEMA, vector_column="emb", primary_key="key")
+    t.upsert(rows(range(30), 1))
+    t.upsert(rows(range(10, 20), 2))
+    t.delete(pc.field("n") == 1)
+    t.upsert(rows(range(5), 3))
+    t.optimize()
+    t.upsert(rows(range(3), 4))
+    assert_every_version_reads_alike(uri)
+    latest = pyiceberg_table.StaticTable.from_metadata(t.iceberg_metadata_location())
+    operations = [s.summary.operation.value for s in latest.metadata.snapshots]
+    assert operations == ["overwrite", "overwrite", "delete", "overwrite", "replace",
+                          "overwrite"]
+    assert latest.metadata.current_snapshot_id == t.version
+
+
+@pytest.mark.s3
+def test_a_table_on_the_s3_server_reads_alike_through_pyiceberg(s3_server, s3_bucket):
+    from tests.conftest import s3_options
+    uri, options = f"s3://{s3_bucket}/t", s3_options(s3_server)
+    t = Supertable.create(uri, SCHEMA, primary_key="key", storage_options=options)
+    t.upsert(rows(range(20), 1))
+    t.upsert(rows(range(5), 2))
+    t.delete(pc.field("key") == "7")
+    assert t.iceberg_metadata_location().startswith(f"s3://{s3_bucket}/t/metadata/v3.")
+    assert_every_version_reads_alike(uri, options)
+
+
+OPERATIONS = st.lists(st.one_of(
+    st.tuples(st.just("upsert"), st.lists(st.integers(0, 40), min_size=1, max_size=25)),
+    st.tuples(st.just("delete"), st.integers(0, 40), st.integers(0, 40)),
+    st.tuples(st.just("optimize")),
+    st.tuples(st.just("vacuum"), st.integers(1, 4)),
+), min_size=1, max_size=8)
+
+
+@pytest.mark.slow
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(OPERATIONS)
+def test_random_histories_read_alike_at_every_retained_version(tmp_path_factory, operations):
+    uri = str(tmp_path_factory.mktemp("t") / "t")
+    t = Supertable.create(uri, SCHEMA, primary_key="key")
+    for step, op in enumerate(operations):
+        if op[0] == "upsert":
+            t.upsert(rows(sorted(set(op[1])), step))
+        elif op[0] == "delete":
+            lo, hi = sorted(op[1:])
+            t.delete((pc.field("key") >= str(lo)) & (pc.field("key") <= str(hi)))
+        elif op[0] == "optimize":
+            t.optimize()
+        else:
+            t.vacuum(retain_versions=op[1], older_than=0)
+        t.refresh()
+    assert_every_version_reads_alike(uri)
+
+
+# -- other readers ---------------------------------------------------------------------------------
+def test_polars_and_duckdb_read_the_live_rows_through_pyiceberg_and_the_dataset_face(tmp_path):
+    uri = str(tmp_path / "t")
+    t = Supertable.create(uri, SCHEMA, primary_key="key")
+    for n in range(5):
+        t.upsert(rows(range(100), n))
+    t.delete(pc.field("key") < "2")
+    assert pl.DataFrame(iceberg_scan(t.iceberg_metadata_location()).to_arrow()).height == 100 - 12
+    live = t.to_pyarrow_dataset()
+    assert duckdb.sql("select count(*), sum(n) from live").fetchall()[0] == (88, 88 * 4)
+    assert duckdb.sql("select count(distinct key) from live").fetchall()[0] == (88,)
+    frame = pl.scan_pyarrow_dataset(live).filter(pl.col("key") == "50").select("label").collect()
+    assert frame["label"].to_list() == ["x50"]
+    assert canonical(live.to_table()) == canonical(t.to_arrow())
+    # An outside Parquet reader on data/ sees every row ever written: the reason for the faces.
+    assert duckdb.sql(f"select count(*) from '{uri}/data/*.parquet'").fetchall()[0][0] == 500
+
+
+def test_the_dataset_face_pushes_projection_and_filter_down(tmp_path):
+    uri = str(tmp_path / "t")
+    t = Supertable.create(uri, SCHEMA, primary_key="key")
+    for n in range(4):
+        t.upsert(rows(range(n * 10, n * 10 + 10), n))
+    live = t.to_pyarrow_dataset()
+    table = live.to_table(columns=["key"], filter=pc.field("n") == 2)
+    assert table.schema.names == ["key"] and sorted(table["key"].to_pylist()) == \
+        sorted(str(k) for k in range(20, 30))
+    assert live.count_rows(filter=pc.field("n") >= 2) == 20
+    assert live.head(3).num_rows == 3
+
+
+def test_a_filter_prunes_data_files_in_pyiceberg_s_plan(tmp_path):
+    uri = str(tmp_path / "t")
+    t = Supertable.create(uri, SCHEMA, primary_key="key")
+    for n in range(6):
+        t.upsert(rows(range(n * 10, n * 10 + 10), n * 100))
+    scan = iceberg_scan(t.iceberg_metadata_location(), row_filter="n >= 400")
+    assert len(list(scan.plan_files())) == 2
+    assert len(list(iceberg_scan(t.iceberg_metadata_location()).plan_files())) == 6
+    assert sorted(scan.to_arrow()["n"].to_pylist()) == [400] * 10 + [500] * 10
+
+
+def test_deletes_are_position_delete_files_pyiceberg_applies(tmp_path):
+    uri = str(tmp_path / "t")
+    t = Supertable.create(uri, SCHEMA, primary_key="key")
+    t.upsert(rows(range(50), 1))
+    t.delete(pc.field("key") == "3")
+    tasks = list(iceberg_scan(t.iceberg_metadata_location()).plan_files())
+    assert [len(task.delete_files) for task in tasks] == [1]
+    [delete] = tasks[0].delete_files
+    assert delete.file_path.endswith(".pos.parquet") and delete.record_count == 1
+
+
+# -- the commit, crashes, repairs ------------------------------------------------------------------
+def test_a_version_whose_metadata_was_not_written_stays_invisible_until_repaired(tmp_path,
+                                                                               monkeypatch):
+    uri = str(tmp_path / "t")
+    t = Supertable.create(uri, SCHEMA, primary_key="key")
+    t.upsert(rows(range(10), 1))
+    monkeypatch.setattr(iceberg.IcebergMetadata, "write",
+                        lambda self, snapshot: (_ for _ in ()).throw(OSError("disk gone")))
+    t.upsert(rows(range(3), 2))
+    monkeypatch.undo()
+    assert not os.path.exists(f"{uri}/metadata/v2.metadata.json")
+    assert open(f"{uri}/metadata/version-hint.text").read() == "1"
+    # Iceberg readers still see version 1 whole, never an empty or half table.
+    hinted = f"{uri}/metadata/v1.metadata.json"
+    assert canonical(iceberg_scan(hinted).to_arrow()) == \
+        canonical(Supertable.open(uri, version=1).to_arrow())
+    location = Supertable.open(uri).iceberg_metadata_location()
+    assert location == f"{uri}/metadata/v2.metadata.json"
+    assert open(f"{uri}/metadata/version-hint.text").read() == "2"
+    assert_every_version_reads_alike(uri)
+
+
+def test_a_torn_metadata_file_is_reported_not_read_as_empty(tmp_path):
+    uri = str(tmp_path / "t")
+    t = Supertable.create(uri, SCHEMA, primary_key="key")
+    t.upsert(rows(range(10), 1))
+    path = f"{uri}/metadata/v1.metadata.json"
+    with open(path, "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(CorruptManifestError, match="v1.metadata.json is not valid JSON"):
+        Supertable.open(uri).iceberg_metadata_location()
+    os.remove(path)
+    assert Supertable.open(uri).iceberg_metadata_location() == path
+    assert_every_version_reads_alike(uri)
+
+
+def test_two_writers_of_one_version_s_metadata_write_the_same_bytes(tmp_path):
+    uri = str(tmp_path / "t")
+    t = Supertable.create(uri, SCHEMA, primary_key="key")
+    t.upsert(rows(range(10), 1))
+    t.delete(pc.field("key") == "1")
+    before = {name: open(f"{uri}/metadata/{name}", "rb").read()
+              for name in os.listdir(f"{uri}/metadata")}
+    for name in before:
+        if name != "version-hint.text":
+            os.remove(f"{uri}/metadata/{name}")
+    for version in range(t.version + 1):
+        Supertable.open(uri).iceberg_metadata_location(version)
+    after = {name: open(f"{uri}/metadata/{name}", "rb").read()
+             for name in os.listdir(f"{uri}/metadata")}
+    assert after == before
+
+
+def test_vacuum_removes_the_metadata_of_removed_versions_and_keeps_what_is_read(tmp_path):
+    uri = str(tmp_path / "t")
+    t = Supertable.create(uri, SCHEMA, primary_key="key")
+    for n in range(6):
+        t.upsert(rows(range(n, n + 10), n))
+    t.optimize()
+    report = t.vacuum(retain_versions=2, older_than=0)
+    assert any(p.startswith("metadata/") for p in report.removed_objects)
+    left = sorted(os.listdir(f"{uri}/metadata"))
+    assert [n for n in left if n.endswith(".metadata.json")] == \
+        [f"v{v}.metadata.json" for v in report.retained_versions]
+    for version in report.retained_versions:
+        location = t.iceberg_metadata_location(version)
+        assert canonical(iceberg_scan(location).to_arrow()) == \
+            canonical(Supertable.open(uri, version=version).to_arrow())
+
+
+def test_metadata_written_per_commit_does_not_grow_with_the_table(tmp_path):
+    uri = str(tmp_path / "t")
+    t = Supertable.create(uri, SCHEMA, primary_key="key")
+    sizes = []
+    for n in range(40):
+        names = set(os.listdir(f"{uri}/metadata")) if os.path.isdir(f"{uri}/metadata") else set()
+        t.upsert(rows([n], n))
+        new = set(os.listdir(f"{uri}/metadata")) - names
+        sizes.append(sum(os.path.getsize(f"{uri}/metadata/{m}") for m in new
+                         if not m.endswith(".metadata.json")))
+    # Manifests are per manifest part (merged in eights): a commit writes O(1) of them.
+    assert max(sizes[20:]) <= 4 * max(sizes[:8])
+
+
+# -- switched off, and turned on later -------------------------------------------------------------
+def test_a_table_without_iceberg_metadata_says_how_to_turn_it_on(tmp_path):
+    uri = str(tmp_path / "t")
+    t = Supertable.create(uri, SCHEMA, primary_key="key", iceberg=False)
+    t.upsert(rows(range(10), 1))
+    assert not os.path.exists(f"{uri}/metadata")
+    with pytest.raises(IcebergDisabledError, match="sync_iceberg"):
+        t.iceberg_metadata_location()
+    location = t.sync_iceberg()
+    assert location == f"{uri}/metadata/v2.metadata.json"
+    assert t.sync_iceberg() == location           # idempotent: no second commit
+    t.upsert(rows(range(3), 2))                    # later commits write their own
+    assert os.path.exists(f"{uri}/metadata/v3.metadata.json")
+    assert canonical(iceberg_scan(location).to_arrow()) == \
+        canonical(Supertable.open(uri, version=2).to_arrow())
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "beam_supertable", *args],
+                          env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_the_command_line_syncs_and_registers_in_a_sql_catalog(tmp_path):
+    from pyiceberg.catalog.sql import SqlCatalog
+    uri = str(tmp_path / "t")
+    t = Supertable.create(uri, SCHEMA, primary_key="key", iceberg=False)
+    t.upsert(rows(range(10), 1))
+    done = cli("iceberg", "sync", "--table", uri, "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["metadata_location"] == f"{uri}/metadata/v2.metadata.json"
+    catalog = f"sqlite:///{tmp_path}/catalog.db"
+    for _ in range(2):   # a rerun points the entry at the latest version again
+        done = cli("iceberg", "register", "--table", uri, "--catalog", catalog, "--name", "ns.t")
+        assert done.returncode == 0, done.stderr
+    table = SqlCatalog("default", uri=catalog).load_table("ns.t")
+    assert canonical(table.scan().to_arrow()) == canonical(Supertable.open(uri).to_arrow())
+    bad = cli("iceberg", "register", "--table", uri, "--catalog", catalog, "--name", "t")
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1
+    assert "--name t: expected NAMESPACE.TABLE" in bad.stderr
