@@ -12,8 +12,8 @@ position delete files; only metadata is added, under ``metadata/``:
 - ``metadata/snap-<N>.avro``: the manifest list of snapshot N.
 - ``metadata/<part>-data.avro``: the data manifest of one manifest part; a
   part is immutable and shared by versions, and so is its manifest.
-- ``metadata/<N>-deletes.avro``: the position delete files version N added
-  (or, every few versions, all of them in one manifest).
+- ``metadata/<N>-deletes-<digest>.avro``: the position delete files version N
+  added (or, every few versions, all of them in one manifest).
 - ``deletes/<uuid>.pos.parquet``: a deletion vector as an Iceberg position
   delete file (``file_path``, ``pos``).
 
@@ -30,6 +30,7 @@ never read as an empty table.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import io
 import json
 import logging
@@ -82,8 +83,11 @@ def data_manifest_path(part_path: str) -> str:
     return f"{METADATA}/{part_path.rsplit('/', 1)[-1][:-len('.json')]}-data.avro"
 
 
-def delete_manifest_path(version: int) -> str:
-    return f"{METADATA}/{version}-deletes.avro"
+def delete_manifest_path(version: int, files: List[Dict[str, Any]]) -> str:
+    """Named by its content too: writers of one version that saw different delete
+    manifests before it write different files, each consistent with its own list."""
+    digest = hashlib.sha256("\n".join(f["file_path"] for f in files).encode()).hexdigest()
+    return f"{METADATA}/{version}-deletes-{digest[:16]}.avro"
 
 
 def position_deletes_path(dv_path: str) -> str:
@@ -169,12 +173,18 @@ class IcebergMetadata:
         found = self._table_json(version)
         if found is None:
             return self.write(snapshot)
-        if found.get("format-version") != 2 or found.get("current-snapshot-id") != (version or None) \
+        if found.get("format-version") != 2 \
+                or found.get("current-snapshot-id") != (version or None) \
                 or found.get("properties", {}).get("beam_supertable.version") != str(version):
             self._tables.pop(version, None)
             raise CorruptManifestError(
                 f"{self.store.uri}: {metadata_path(version)} is not the Iceberg metadata of "
                 f"version {version}; delete it and it is written again")
+        if found.get("location") != table_location(self.store):
+            raise CorruptManifestError(
+                f"{self.store.uri}: {metadata_path(version)} was written for the table at "
+                f"{found.get('location')}; for a table moved here, delete {METADATA}/ and "
+                "deletes/*.pos.parquet and run `beam-supertable iceberg sync`")
         return metadata_path(version)
 
     # -- writing -------------------------------------------------------------
@@ -306,7 +316,7 @@ class IcebergMetadata:
                     f"{self.store.uri}: version {version} has deletion vector {dv_path} for "
                     f"superfile {superfile_id}, which the version does not hold")
             files.append(self._position_file(dv_path, f"{location}/{entry['path']}", location))
-        path = delete_manifest_path(version)
+        path = delete_manifest_path(version, files)
         size = self._create(path, manifest_bytes(path, files, content=DELETES,
                                                  snapshot_id=version, schema_json=schema.json))
         self._delete_files[f"{location}/{path}"] = files
@@ -388,8 +398,9 @@ class IcebergMetadata:
         document["snapshots"] = snapshots
         document["snapshot-log"] = [{"snapshot-id": s["snapshot-id"],
                                      "timestamp-ms": s["timestamp-ms"]} for s in snapshots]
-        document["metadata-log"] = [{"metadata-file": f"{location}/{metadata_path(s['snapshot-id'])}",
-                                     "timestamp-ms": s["timestamp-ms"]} for s in history]
+        document["metadata-log"] = [
+            {"metadata-file": f"{location}/{metadata_path(s['snapshot-id'])}",
+             "timestamp-ms": s["timestamp-ms"]} for s in history]
         document["refs"] = {"main": {"snapshot-id": version, "type": "branch"}}
         return document
 
@@ -411,7 +422,7 @@ class IcebergMetadata:
 
 
 _OURS = re.compile(r"^metadata/(v\d+\.metadata\.json|snap-\d+\.avro|[0-9a-f]{32}-data\.avro"
-                   r"|\d+-deletes\.avro)$")
+                   r"|\d+-deletes-[0-9a-f]{16}\.avro)$")
 
 
 def is_ours(path: str) -> bool:

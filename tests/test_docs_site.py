@@ -1,5 +1,6 @@
 """The documentation: the mkdocs site builds in strict mode, and the README stays a front page."""
 
+import argparse
 import json
 import os
 import re
@@ -100,10 +101,14 @@ def test_every_flag_the_docs_show_is_a_flag_of_that_command():
         elif line.startswith(CLI_COMMANDS):
             prefix = next(p for p in CLI_COMMANDS if line.startswith(p))
             parser = cli.build_parser()
-            [subparsers] = [a for a in parser._actions if a.dest == "command"]
-            words = line.split()
-            sub = next((subparsers.choices[w] for w in words if w in subparsers.choices), None)
-            known = _flags(parser) | (_flags(sub) if sub else set())
+            known = _flags(parser)
+            for word in line[len(prefix):].split():   # down the (nested) subcommands
+                choices = [a.choices for a in parser._actions
+                           if isinstance(a, argparse._SubParsersAction)]
+                if not choices or word not in choices[0]:
+                    continue
+                parser = choices[0][word]
+                known |= _flags(parser)
         else:
             continue
         checked += 1

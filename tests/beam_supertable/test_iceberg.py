@@ -24,6 +24,8 @@ from hypothesis import strategies as st
 from beam_supertable import Supertable
 from beam_supertable import iceberg
 from beam_supertable.errors import CorruptManifestError, IcebergDisabledError
+from tests.beam_supertable.iceberg_reads import (
+    assert_every_version_reads_alike, iceberg_scan, rows_of)
 
 pyiceberg_table = pytest.importorskip("pyiceberg.table")
 duckdb = pytest.importorskip("duckdb")
@@ -44,36 +46,7 @@ def rows(keys, n, label="x"):
 
 
 def canonical(table: pa.Table) -> list:
-    """Rows as plain tuples sorted by ``_id``: fixed-size and plain lists compare alike."""
-    columns = table.select(["_id", "key", "n", "label", "emb"]).to_pydict()
-    return sorted(zip(*(columns[c] for c in columns)))
-
-
-def s3_properties(storage_options):
-    if not storage_options:
-        return {}
-    return {"s3.endpoint": storage_options["client_kwargs"]["endpoint_url"],
-            "s3.access-key-id": storage_options["key"],
-            "s3.secret-access-key": storage_options["secret"], "s3.region": "us-east-1"}
-
-
-def iceberg_scan(location, storage_options=None, snapshot_id=None, **scan):
-    table = pyiceberg_table.StaticTable.from_metadata(location, s3_properties(storage_options))
-    return table.scan(snapshot_id=snapshot_id, **scan)
-
-
-def assert_every_version_reads_alike(uri, storage_options=None):
-    latest = Supertable.open(uri, storage_options=storage_options)
-    oldest = min(v["version"] for v in latest.history())
-    latest_location = latest.iceberg_metadata_location()
-    for version in range(oldest, latest.version + 1):
-        ours = canonical(Supertable.open(uri, version=version,
-                                         storage_options=storage_options).to_arrow())
-        location = latest.iceberg_metadata_location(version)
-        assert canonical(iceberg_scan(location, storage_options).to_arrow()) == ours, version
-        if version:
-            by_id = iceberg_scan(latest_location, storage_options, snapshot_id=version)
-            assert canonical(by_id.to_arrow()) == ours, f"snapshot {version} by id"
+    return rows_of(table.select(["_id", "key", "n", "label", "emb"]))
 
 
 # -- the same rows at every version ----------------------------------------------------------------
@@ -115,7 +88,8 @@ OPERATIONS = st.lists(st.one_of(
 
 
 @pytest.mark.slow
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(OPERATIONS)
 def test_random_histories_read_alike_at_every_retained_version(tmp_path_factory, operations):
     uri = str(tmp_path_factory.mktemp("t") / "t")

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 
 from beam_supertable import Supertable
+from tests.beam_supertable.iceberg_reads import assert_every_version_reads_alike
 from tests.conftest import s3_options
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -73,3 +74,4 @@ def test_racing_upserts_keep_one_live_row_per_key_and_the_last_committer_wins(lo
         assert len(ids) == len(set(ids)), f"two live rows for one key at version {h['version']}"
         assert {r["id"]: r["label"] for r in rows} == model, f"version {h['version']}"
     assert table.count_rows() == len(model)
+    assert_every_version_reads_alike(uri, options)   # and so do Iceberg readers

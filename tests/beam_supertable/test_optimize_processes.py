@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 
 from beam_supertable import Supertable
+from tests.beam_supertable.iceberg_reads import assert_every_version_reads_alike
 from tests.conftest import s3_options
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -84,3 +85,4 @@ def test_optimize_racing_upserts_and_deletes_loses_and_resurrects_nothing(locati
         assert {r["id"]: r["label"] for r in rows} == model, f"version {h['version']}"
         ids = {r["id"]: r["_id"] for r in rows}
     assert table.count_rows() == len(model)
+    assert_every_version_reads_alike(uri, options)   # and so do Iceberg readers

@@ -13,6 +13,7 @@ from beam_supertable import Supertable
 from beam_supertable.manifest import Manifest
 from beam_supertable.store import ObjectStore
 from beam_supertable.manifest import version_path
+from tests.beam_supertable.iceberg_reads import assert_every_version_reads_alike
 from tests.conftest import s3_options
 
 SCHEMA = pa.schema([("writer", pa.string()), ("seq", pa.int64())])
@@ -54,6 +55,7 @@ def test_eight_processes_commit_200_versions_without_gaps(location):
     assert seen == sorted((f"w{i}", s) for i in range(WRITERS) for s in range(COMMITS))
     tokens = [h["token"] for h in manifest.history()[1:]]
     assert len(tokens) == len(set(tokens)) == WRITERS * COMMITS
+    assert_every_version_reads_alike(uri, options)   # and so do Iceberg readers
 
 
 def test_writer_killed_before_commit_leaves_the_table_whole(location):
