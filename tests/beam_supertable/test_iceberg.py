@@ -285,3 +285,26 @@ def test_the_command_line_syncs_and_registers_in_a_sql_catalog(tmp_path):
     bad = cli("iceberg", "register", "--table", uri, "--catalog", catalog, "--name", "t")
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1
     assert "--name t: expected NAMESPACE.TABLE" in bad.stderr
+
+
+# -- a JVM engine ------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_spark_reads_every_snapshot_as_the_version_holds_it(tmp_path):
+    """Apache Spark with Iceberg's Spark runtime (from Maven Central), in its own process."""
+    pytest.importorskip("pyspark")
+    uri = str(tmp_path / "t")
+    t = Supertable.create(uri, SCHEMA, vector_column="emb", primary_key="key")
+    t.upsert(rows(range(40), 1))
+    t.upsert(rows(range(10, 20), 2))
+    t.delete(pc.field("key") < "2")
+    t.optimize()
+    t.upsert(rows(range(5), 3))
+    done = subprocess.run([sys.executable, "-m", "tests.beam_supertable.spark_read", uri],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    spark = json.loads(done.stdout.strip().splitlines()[-1])
+    ours = {}
+    for version in range(1, t.version + 1):
+        held = Supertable.open(uri, version=version).to_arrow(columns=["key", "n"]).to_pydict()
+        ours[str(version)] = [len(held["key"]), sum(held["n"]), sorted(held["key"])]
+    assert spark == ours
