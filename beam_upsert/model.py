@@ -403,7 +403,11 @@ def apply_times(
 
 
 def _other_class(offset: Any, other: Any) -> bool:
-    return type(offset) is not type(other) and offset_class(offset) != offset_class(other)
+    # Scalars of one type are of one class; tuples of one length may not be
+    # ((2, 2) and (2, "y")), so they are compared part by part.
+    if type(offset) is type(other) and type(offset) is not tuple:
+        return False
+    return offset_class(offset) != offset_class(other)
 
 
 def too_late_reason(key: Any, time: int, forgotten_through: int, retention_micros: int) -> str:

@@ -141,3 +141,11 @@ def test_resume_micros_has_one_rule():
             resume_micros(bad, where="x")
     with pytest.raises(ValueError, match="range"):
         resume_micros(10**30, where="x")
+
+
+def test_after_a_delete_a_tuple_offset_of_another_shape_starts_afresh():
+    """A tombstone of (2, "y") and a later (2, 2): tuples of one length, other classes."""
+    state = KeyState(None, applied_through=2, max_offset=(2, "y"))
+    got = apply_times(state, [(3, (2, 2), "a"), (4, (3, 3), "b")], tombstones=True)
+    assert got.steps == [(3, None, "a"), (4, "a", "b")]
+    assert got.state == KeyState("b", 4, (3, 3))
