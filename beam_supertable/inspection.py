@@ -42,7 +42,14 @@ from beam_supertable.writer import TARGET_SUPERFILE_BYTES
 __all__ = ["inspect_table"]
 
 # Where objects live under a table's root, for the storage breakdown.
-_AREAS = (("data", "data/"), ("deletes", "deletes/"), ("metadata", "_supertable/"))
+_AREAS = (("data", "data/"), ("deletes", "deletes/"), ("metadata", "_supertable/"),
+          ("iceberg", "metadata/"))
+
+
+def _area(path: str) -> str:
+    if path.endswith(".pos.parquet"):
+        return "iceberg"   # a deletion vector as an Iceberg position delete file
+    return next((name for name, prefix in _AREAS if path.startswith(prefix)), "other")
 
 
 def inspect_table(uri: str, storage_options: Optional[dict] = None, *,
@@ -212,7 +219,7 @@ def _storage(manifest: Manifest, snapshot: Snapshot, objects: List[ObjectInfo],
              sizes: Dict[str, int]) -> Dict[str, Any]:
     by_area: Dict[str, Dict[str, int]] = {}
     for o in objects:
-        area = next((name for name, prefix in _AREAS if o.path.startswith(prefix)), "other")
+        area = _area(o.path)
         slot = by_area.setdefault(area, {"objects": 0, "bytes": 0})
         slot["objects"] += 1
         slot["bytes"] += o.size

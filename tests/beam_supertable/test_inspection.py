@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from beam_supertable import iceberg
 from beam_supertable import Supertable
 from beam_supertable.manifest import Manifest
 from beam_supertable.store import ObjectStore
@@ -105,15 +106,21 @@ def test_inspect_reports_a_known_table(table_location):
     orphan_bytes = store.head(known.orphan).size
     assert storage["by_area"]["data"] == {"objects": len(APPENDS) + 1,
                                           "bytes": sum(sizes) + orphan_bytes}
-    dv = [o for o in listing if o.path.startswith("deletes/")]
+    dv = [o for o in listing if o.path.endswith(".dv")]
     assert storage["by_area"]["deletes"] == {"objects": 1, "bytes": dv[0].size}
+    ice = [o for o in listing if o.path.startswith("metadata/") or o.path.endswith(".parquet")
+           and o.path.startswith("deletes/")]
+    assert storage["by_area"]["iceberg"] == {"objects": len(ice),
+                                             "bytes": sum(o.size for o in ice)}
     ref = storage["referenced_by_latest"]
     assert ref["missing"] == []
     # Everything the latest version needs: its document, its parts, the grid,
-    # the superfiles and the deletion vector; not older versions nor the orphan.
+    # the superfiles and the deletion vector, and its Iceberg metadata; not
+    # older versions nor the orphan.
     snap = known.table.snapshot
     needed = {version_path(4), known.table.properties["grid"]["path"], dv[0].path,
-              *known.superfile_paths, *(p.path for p in snap.parts)}
+              *known.superfile_paths, *(p.path for p in snap.parts),
+              *iceberg.referenced(store, snap)}
     assert ref == {"objects": len(needed), "bytes": sum(store.head(p).size for p in needed),
                    "missing": []}
 
@@ -126,13 +133,17 @@ def test_inspect_reports_a_known_table(table_location):
     # Without grace, keeping one version: versions 0-3 and the orphan go, and
     # that is exactly what the vacuum then removes.
     eager = inspect_table(uri, options, retain_versions=1, older_than=0)["vacuum"]
-    old_versions = sum(store.head(version_path(v)).size for v in range(4))
-    assert eager["reclaimable"] == {"versions": 4, "objects": 5,
+    # ... with their Iceberg metadata files and manifest lists.
+    old_paths = [version_path(v) for v in range(4)] + \
+        [iceberg.metadata_path(v) for v in range(4)] + \
+        [iceberg.manifest_list_path(v) for v in range(1, 4)]
+    old_versions = sum(store.head(p).size for p in old_paths)
+    assert eager["reclaimable"] == {"versions": 4, "objects": len(old_paths) + 1,
                                     "bytes": old_versions + orphan_bytes}
     assert eager["in_grace"] == {"objects": 0, "bytes": 0}
     removed = known.table.vacuum(retain_versions=1, older_than=0)
     assert (len(removed.removed_versions), len(removed.removed_objects),
-            removed.removed_bytes) == (4, 5, old_versions + orphan_bytes)
+            removed.removed_bytes) == (4, len(old_paths) + 1, old_versions + orphan_bytes)
     after = inspect_table(uri, options, retain_versions=1, older_than=0)
     assert after["versions"]["retained"] == 1 and after["versions"]["oldest_retained"] == 4
     assert after["vacuum"]["reclaimable"] == {"versions": 0, "objects": 0, "bytes": 0}
