@@ -97,9 +97,13 @@ class Vacuum:
         for value in snapshot.properties.values():
             if isinstance(value, dict) and isinstance(value.get("path"), str):
                 refs.add(value["path"])
-        if iceberg.is_enabled(snapshot):
-            refs |= iceberg.referenced(self.store, snapshot)
         return refs
+
+    def iceberg_referenced(self, snapshot: Snapshot) -> set:
+        """The Iceberg objects a version's metadata needs (some may not be written yet:
+        they are derived, and written again when missing)."""
+        return iceberg.referenced(self.store, snapshot) if iceberg.is_enabled(snapshot) \
+            else set()
 
     def plan_vacuum(self, *, retain_versions: int = 10,
                     older_than: Union[float, datetime.timedelta, None] = None,
@@ -141,7 +145,8 @@ class Vacuum:
         for v in sorted(keep):
             doc = self._try_version(v)
             if doc is not None:
-                referenced |= self.referenced(self._snapshot(doc))
+                kept = self._snapshot(doc)
+                referenced |= self.referenced(kept) | self.iceberg_referenced(kept)
         removed: List[ObjectInfo] = []
         waiting: List[ObjectInfo] = []
         removed_versions = []

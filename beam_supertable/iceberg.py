@@ -432,7 +432,9 @@ def is_ours(path: str) -> bool:
 
 def referenced(store: ObjectStore, snapshot: Snapshot) -> Set[str]:
     """The Iceberg objects a retained version needs (for vacuum)."""
-    refs = {metadata_path(snapshot.version), manifest_list_path(snapshot.version), VERSION_HINT}
+    refs = {metadata_path(snapshot.version), VERSION_HINT}
+    if snapshot.version > 0:
+        refs.add(manifest_list_path(snapshot.version))
     refs.update(data_manifest_path(p.path) for p in snapshot.parts)
     refs.update(position_deletes_path(p) for paths in snapshot.deletes.values() for p in paths)
     try:

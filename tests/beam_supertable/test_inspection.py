@@ -120,7 +120,7 @@ def test_inspect_reports_a_known_table(table_location):
     snap = known.table.snapshot
     needed = {version_path(4), known.table.properties["grid"]["path"], dv[0].path,
               *known.superfile_paths, *(p.path for p in snap.parts),
-              *iceberg.referenced(store, snap)}
+              *(p for p in iceberg.referenced(store, snap) if store.exists(p))}
     assert ref == {"objects": len(needed), "bytes": sum(store.head(p).size for p in needed),
                    "missing": []}
 
