@@ -29,6 +29,7 @@ never read as an empty table.
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime
 import hashlib
 import io
@@ -308,6 +309,7 @@ class IcebergMetadata:
         else:
             out, files = list(kept), []
         entries_by_id = {e["id"]: e for e in snapshot.entries()} if new else {}
+        targets = []
         for path in sorted(new):
             superfile_id, dv_path = live[path]
             entry = entries_by_id.get(superfile_id)
@@ -315,7 +317,12 @@ class IcebergMetadata:
                 raise CorruptManifestError(
                     f"{self.store.uri}: version {version} has deletion vector {dv_path} for "
                     f"superfile {superfile_id}, which the version does not hold")
-            files.append(self._position_file(dv_path, f"{location}/{entry['path']}", location))
+            targets.append((dv_path, f"{location}/{entry['path']}"))
+        if len(targets) > 1:   # one read and one write each: in parallel
+            with concurrent.futures.ThreadPoolExecutor(min(8, len(targets))) as pool:
+                files += pool.map(lambda t: self._position_file(t[0], t[1], location), targets)
+        else:
+            files += [self._position_file(dv, data, location) for dv, data in targets]
         path = delete_manifest_path(version, files)
         size = self._create(path, manifest_bytes(path, files, content=DELETES,
                                                  snapshot_id=version, schema_json=schema.json))
