@@ -22,7 +22,7 @@ _PRIMITIVES = (
     (pa.types.is_boolean, "boolean"),
     (lambda t: pa.types.is_int8(t) or pa.types.is_int16(t) or pa.types.is_int32(t)
      or pa.types.is_uint8(t) or pa.types.is_uint16(t), "int"),
-    (lambda t: pa.types.is_int64(t) or pa.types.is_uint32(t), "long"),
+    (pa.types.is_int64, "long"),
     (pa.types.is_float32, "float"),
     (pa.types.is_float64, "double"),
     (lambda t: pa.types.is_string(t) or pa.types.is_large_string(t), "string"),
@@ -70,13 +70,16 @@ class IcebergSchema:
         return node, names
 
     def _type(self, arrow: pa.DataType, where: str) -> Tuple[Any, List[Dict[str, Any]]]:
+        if pa.types.is_dictionary(arrow):
+            arrow = arrow.value_type      # Parquet stores the values; readers decode them
         for test, name in _PRIMITIVES:
             if test(arrow):
                 return name, []
         if pa.types.is_timestamp(arrow):
-            if arrow.unit == "ns":
-                return ("timestamptz_ns" if arrow.tz else "timestamp_ns"), []
+            # Iceberg v2 has microseconds only: nanosecond columns read as microseconds.
             return ("timestamptz" if arrow.tz else "timestamp"), []
+        if pa.types.is_time64(arrow) and arrow.unit == "us":
+            return "time", []
         if pa.types.is_decimal(arrow):
             return f"decimal({arrow.precision}, {arrow.scale})", []
         if pa.types.is_fixed_size_binary(arrow):
@@ -108,7 +111,10 @@ class IcebergSchema:
             return ({"type": "map", "key-id": key_id, "key": key, "value-id": value_id,
                      "value": value, "value-required": not arrow.item_field.nullable},
                     [{"field-id": key_id, "names": ["key"]}, value_names])
-        raise SchemaMismatchError(f"column {where!r}: Arrow type {arrow} has no Iceberg type")
+        why = " (Iceberg has no unsigned integers)" if pa.types.is_unsigned_integer(arrow) else ""
+        raise SchemaMismatchError(
+            f"column {where!r}: Arrow type {arrow} has no Apache Iceberg type{why}; store it "
+            "as another type, or create the table with iceberg=False")
 
     def bounds(self, entry: Dict[str, Any]) -> Tuple[Dict[int, bytes], Dict[int, bytes]]:
         """A superfile entry's ``stats`` as Iceberg lower and upper bounds, by field id."""

@@ -227,4 +227,8 @@ class Vacuum:
                                key=lambda i: (not i.path.startswith(TOKENS),
                                               not i.path.startswith(VERSIONS), i.path)):
                 self.store.delete(info.path)
+            if plan.removed_versions:
+                latest = self.load()
+                if iceberg.is_enabled(latest):
+                    self.iceberg.prune_history(latest, list(plan.retained_versions))
         return plan.report()

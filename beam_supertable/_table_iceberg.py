@@ -51,25 +51,32 @@ class TableIceberg:
         """Turns the Iceberg metadata on (a commit, when it is off) and writes it for the
         latest version; returns that version's metadata location.
 
-        Every later commit writes its own. Idempotent: a table whose latest
-        version already has its metadata writes nothing.
+        Every later commit writes its own. The latest version's metadata is
+        checked object by object: one that is missing or unreadable (a manifest
+        deleted by hand, a torn file) is written again. Idempotent: a table
+        whose metadata is whole writes nothing.
+
+        Raises:
+            SchemaMismatchError: a column has no Iceberg type (it names it).
         """
         self.refresh()
         if not iceberg.is_enabled(self._snapshot):
+            iceberg.check_schema(self.uri, self.schema)
             snapshot = self._manifest.commit(CommitRequest(
                 operation="iceberg",
                 set_properties={iceberg.ENABLED_PROPERTY: dict(iceberg.ENABLED_VALUE)}))
             self._snapshot = snapshot
-        return self.iceberg_metadata_location()
+        path = self._manifest.iceberg.repair(self._snapshot)
+        return f"{iceberg.table_location(self.store)}/{path}"
 
     def to_pyarrow_dataset(self, version: Optional[int] = None) -> "LiveRows":
         """The live rows of ``version`` (default: this handle's) for DuckDB and Polars.
 
         The result implements the Arrow PyCapsule stream interface
         (``__arrow_c_stream__``: ``duckdb.sql("select ... from rows")``,
-        ``polars.from_arrow``), and the part of ``pyarrow.dataset.Dataset``
-        that ``polars.scan_pyarrow_dataset`` calls (``schema``, ``to_table``,
-        ``scanner``, ``to_batches``, ``count_rows``), so Polars pushes
+        ``polars.DataFrame(rows)``, ``pyarrow.table(rows)``), and the part of
+        ``pyarrow.dataset.Dataset`` that ``polars.scan_pyarrow_dataset`` calls
+        (``schema``, ``to_table``, ``scanner``, ``to_batches``, ``count_rows``), so Polars pushes
         projections and filters down: superfiles whose statistics rule a
         filter out are not read, and only the asked-for columns are. Deleted
         rows are never returned.

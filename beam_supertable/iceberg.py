@@ -48,7 +48,8 @@ from beam_supertable._iceberg_avro import (
     manifest_list_entry, read_manifest, read_manifest_list)
 from beam_supertable._iceberg_schema import iceberg_schema
 from beam_supertable._manifest_doc import Snapshot
-from beam_supertable.errors import AlreadyExists, CorruptManifestError
+from beam_supertable.errors import (
+    AlreadyExists, CorruptManifestError, SchemaMismatchError, VersionNotFoundError)
 from beam_supertable.store import ObjectStore
 
 __all__ = ["ENABLED_PROPERTY", "METADATA", "IcebergMetadata", "metadata_path", "referenced"]
@@ -95,6 +96,14 @@ def position_deletes_path(dv_path: str) -> str:
     return dv_path[:-len(".dv")] + ".pos.parquet"
 
 
+def check_schema(uri: str, schema: pa.Schema) -> None:
+    """Raises SchemaMismatchError, naming the column, when ``schema`` has no Iceberg form."""
+    try:
+        iceberg_schema(schema)
+    except SchemaMismatchError as exc:
+        raise SchemaMismatchError(f"{uri}: {exc}") from None
+
+
 def is_enabled(snapshot: Snapshot) -> bool:
     return isinstance(snapshot.properties.get(ENABLED_PROPERTY), dict)
 
@@ -121,9 +130,10 @@ class IcebergMetadata:
     version after version reads nothing back.
     """
 
-    def __init__(self, store: ObjectStore, read_part) -> None:
+    def __init__(self, store: ObjectStore, read_part, load) -> None:
         self.store = store
         self._read_part = read_part
+        self._load = load
         self._lists: Dict[int, List[Dict[str, Any]]] = {}      # version -> manifest list
         self._tables: Dict[int, Dict[str, Any]] = {}           # version -> metadata JSON
         self._delete_files: Dict[str, List[Dict[str, Any]]] = {}   # delete manifest -> files
@@ -217,15 +227,23 @@ class IcebergMetadata:
         except AlreadyExists:
             return self.store.head(path).size
 
-    def write(self, snapshot: Snapshot) -> str:
+    def write(self, snapshot: Snapshot, *, reuse: bool = True) -> str:
         """Writes the metadata of ``snapshot``'s version; returns its path.
 
-        Idempotent: what exists already is kept (and its sizes used).
+        Idempotent: what exists already is kept (and its sizes used). The
+        metadata of earlier versions that is missing (a writer that crashed
+        after its commit) is written first, so the history carries on.
+
+        Args:
+            reuse: take the previous version's manifests as they are listed;
+                False rebuilds (and rewrites, where missing) every one.
         """
         version = snapshot.version
         location = table_location(self.store)
         schema = iceberg_schema(snapshot.schema)
-        previous = self._manifest_list(version - 1) if version > 0 else None
+        if reuse:
+            self._fill_gap(version)
+        previous = self._manifest_list(version - 1) if version > 0 and reuse else None
         reuse = {e["manifest_path"]: e for e in previous or ()}
         manifests: List[Dict[str, Any]] = []
         for part in snapshot.parts:
@@ -252,6 +270,78 @@ class IcebergMetadata:
             self._tables.pop(version, None)
         self._write_hint(version)
         return path
+
+    def _fill_gap(self, version: int) -> None:
+        """Writes the missing metadata of the versions just before ``version``."""
+        missing: List[Snapshot] = []
+        earlier = version - 1
+        while earlier >= 1 and len(missing) < SNAPSHOTS_KEPT and \
+                self._table_json(earlier) is None:
+            try:
+                snapshot = self._load(earlier)
+            except (VersionNotFoundError, FileNotFoundError):
+                break   # vacuumed: the history starts after it
+            if not is_enabled(snapshot):
+                break
+            missing.append(snapshot)
+            earlier -= 1
+        for snapshot in reversed(missing):
+            self.write(snapshot)
+
+    def repair(self, snapshot: Snapshot) -> str:
+        """Checks every object the metadata of ``snapshot``'s version needs, and when one
+        is missing or unreadable writes the metadata again; returns its path."""
+        version = snapshot.version
+        try:
+            self.ensure(snapshot)
+            needed = referenced(self.store, snapshot) - {VERSION_HINT}
+            listed = self._readable_list(version) if version > 0 else []
+            location = table_location(self.store)
+            for manifest in listed:
+                needed.add(manifest["manifest_path"][len(location) + 1:])
+                if manifest["content"] == DELETES:
+                    self._delete_files.pop(manifest["manifest_path"], None)
+                    needed.update(f["file_path"][len(location) + 1:] for f in
+                                  self._delete_files_of(manifest["manifest_path"], location))
+            whole = all(self.store.exists(path) for path in needed)
+        except (CorruptManifestError, FileNotFoundError, ValueError, EOFError):
+            whole = False
+        if whole:
+            return metadata_path(version)
+        _LOG.warning("%s: the Iceberg metadata of version %d was incomplete; writing it again",
+                     self.store.uri, version)
+        for path in (metadata_path(version), manifest_list_path(version)):
+            self.store.delete(path)
+        self._tables.pop(version, None)
+        self._lists.pop(version, None)
+        return self.write(snapshot, reuse=False)
+
+    def _readable_list(self, version: int) -> List[Dict[str, Any]]:
+        self._lists.pop(version, None)
+        listed = self._manifest_list(version)
+        if listed is None:
+            raise FileNotFoundError(manifest_list_path(version))
+        return listed
+
+    def prune_history(self, latest: Snapshot, retained: List[int]) -> None:
+        """After a vacuum: the latest metadata file lists only the snapshots still kept."""
+        table = self._table_json(latest.version)
+        if table is None:
+            return
+        keep = set(retained)
+        snapshots = [s for s in table.get("snapshots", ()) if s["snapshot-id"] in keep]
+        if len(snapshots) == len(table.get("snapshots", ())):
+            return
+        pruned = dict(table, snapshots=snapshots)
+        pruned["snapshot-log"] = [e for e in table.get("snapshot-log", ())
+                                  if e["snapshot-id"] in keep]
+        pruned["metadata-log"] = [e for e in table.get("metadata-log", ())
+                                  if _version_of_metadata(e["metadata-file"]) in keep]
+        if snapshots and "parent-snapshot-id" in snapshots[0]:
+            snapshots[0] = {k: v for k, v in snapshots[0].items() if k != "parent-snapshot-id"}
+        self.store.put(metadata_path(latest.version),
+                       json.dumps(pruned, separators=(",", ":")).encode(), durable=False)
+        self._remember(self._tables, latest.version, pruned)
 
     def _write_hint(self, version: int) -> None:
         try:
@@ -387,7 +477,9 @@ class IcebergMetadata:
             return document
         history = []
         before = self._table_json(version - 1) if version > 1 else None
-        if before is not None:
+        if before is not None and _fields(before) == schema.json["fields"]:
+            # Snapshots of another schema (before an overwrite that changed it)
+            # would be read with this one: they are left out.
             history = [s for s in before.get("snapshots", ())
                        if s.get("snapshot-id", version) < version][-(SNAPSHOTS_KEPT - 1):]
         current = {
@@ -435,6 +527,17 @@ _OURS = re.compile(r"^metadata/(v\d+\.metadata\.json|snap-\d+\.avro|[0-9a-f]{32}
 def is_ours(path: str) -> bool:
     """Whether ``path`` is Iceberg metadata this module writes (vacuum may remove it)."""
     return bool(_OURS.match(path))
+
+
+def _version_of_metadata(uri: str) -> Optional[int]:
+    name = uri.rsplit("/", 1)[-1]
+    number = name[1:-len(".metadata.json")] if name.endswith(".metadata.json") else ""
+    return int(number) if number.isdigit() else None
+
+
+def _fields(table: Dict[str, Any]) -> Any:
+    schemas = table.get("schemas") or [{}]
+    return schemas[0].get("fields")
 
 
 def referenced(store: ObjectStore, snapshot: Snapshot) -> Set[str]:

@@ -140,7 +140,7 @@ class Manifest(TokenIndex, Vacuum):
         self.store = store
         self._parts: Dict[str, List[dict]] = {}
         self._sleep: Callable[[float], None] = time.sleep
-        self.iceberg = IcebergMetadata(store, self.read_part)
+        self.iceberg = IcebergMetadata(store, self.read_part, self.load)
 
     # -- reading ---------------------------------------------------------
     def read_part(self, path: str) -> List[dict]:

@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 
 from beam_supertable import Supertable
 from beam_supertable import iceberg
-from beam_supertable.errors import CorruptManifestError, IcebergDisabledError
+from beam_supertable.errors import (
+    CorruptManifestError, IcebergDisabledError, SchemaMismatchError)
 from tests.beam_supertable.iceberg_reads import (
     assert_every_version_reads_alike, iceberg_scan, rows_of)
 
@@ -308,3 +309,111 @@ def test_spark_reads_every_snapshot_as_the_version_holds_it(tmp_path):
         held = Supertable.open(uri, version=version).to_arrow(columns=["key", "n"]).to_pydict()
         ours[str(version)] = [len(held["key"]), sum(held["n"]), sorted(held["key"])]
     assert spark == ours
+
+
+# -- schemas, gaps, repairs, vacuum ------------------------------------------------------------
+def test_an_overwrite_with_another_schema_leaves_the_old_snapshots_out_of_the_history(tmp_path):
+    uri = str(tmp_path / "t")
+    old = pa.schema([("a", pa.int64()), ("b", pa.string())])
+    t = Supertable.create(uri, old)
+    t.append(pa.table({"a": [1, 2], "b": ["x", "y"]}, schema=old))
+    new = pa.schema([("b", pa.string()), ("a", pa.int64())])
+    t = Supertable.create(uri, new, mode="overwrite")
+    t.append(pa.table({"b": ["z"], "a": [3]}, schema=new))
+    latest = pyiceberg_table.StaticTable.from_metadata(t.iceberg_metadata_location())
+    assert [s.snapshot_id for s in latest.metadata.snapshots] == [2, 3]
+    assert iceberg_scan(t.iceberg_metadata_location(1), row_filter="b == 'x'").to_arrow()[
+        "a"].to_pylist() == [1]
+    assert iceberg_scan(t.iceberg_metadata_location(),
+                        row_filter="b == 'z'").to_arrow()["a"].to_pylist() == [3]
+
+
+@pytest.mark.parametrize("column, why", [
+    (pa.field("c", pa.uint32()), "no unsigned integers"),
+    (pa.field("c", pa.uint64()), "no unsigned integers"),
+    (pa.field("c", pa.time64("ns")), "time64"),
+])
+def test_a_column_without_an_iceberg_type_is_refused_at_create_and_named(tmp_path, column, why):
+    schema = pa.schema([("k", pa.string()), column])
+    with pytest.raises(SchemaMismatchError, match=f"column 'c'.*{why}.*iceberg=False"):
+        Supertable.create(str(tmp_path / "t"), schema)
+    t = Supertable.create(str(tmp_path / "t"), schema, iceberg=False)
+    with pytest.raises(SchemaMismatchError, match="column 'c'"):
+        t.sync_iceberg()
+    assert t.version == 0
+
+
+def test_nanosecond_timestamps_and_dictionaries_read_through_iceberg(tmp_path):
+    schema = pa.schema([("k", pa.string()), ("t", pa.timestamp("ns")),
+                        ("z", pa.timestamp("ns", "UTC")), ("d", pa.dictionary(pa.int32(),
+                                                                               pa.string()))])
+    t = Supertable.create(str(tmp_path / "t"), schema, primary_key="k")
+    t.upsert(pa.table({"k": ["a", "b"],
+                       "t": pa.array([1_600_000_000_123_456_000, 1_700_000_000_000_000_000],
+                                     pa.timestamp("ns")),
+                       "z": pa.array([1_000, 2_000], pa.timestamp("ns", "UTC")),
+                       "d": pa.array(["x", "y"]).dictionary_encode()}, schema=schema))
+    got = iceberg_scan(t.iceberg_metadata_location(),
+                       row_filter="t > '2020-09-13T12:26:40'").to_arrow()
+    assert got["k"].to_pylist() == ["a", "b"] and got["d"].to_pylist() == ["x", "y"]
+    assert got["t"].cast(pa.int64()).to_pylist() == [1_600_000_000_123_456,
+                                                     1_700_000_000_000_000]
+
+
+def test_a_version_whose_metadata_failed_is_filled_in_by_the_next_commit(tmp_path, monkeypatch):
+    uri = str(tmp_path / "t")
+    t = Supertable.create(uri, SCHEMA, primary_key="key")
+    for n in range(3):
+        t.upsert(rows(range(n, n + 5), n))
+    real = iceberg.IcebergMetadata.write
+    monkeypatch.setattr(iceberg.IcebergMetadata, "write",
+                        lambda self, snapshot, **kw: (_ for _ in ()).throw(OSError("lost")))
+    t.upsert(rows(range(3), 9))
+    monkeypatch.setattr(iceberg.IcebergMetadata, "write", real)
+    assert not os.path.exists(f"{uri}/metadata/v4.metadata.json")
+    t.upsert(rows(range(2), 10))
+    latest = pyiceberg_table.StaticTable.from_metadata(f"{uri}/metadata/v5.metadata.json")
+    assert [s.snapshot_id for s in latest.metadata.snapshots] == [1, 2, 3, 4, 5]
+    assert_every_version_reads_alike(uri)
+
+
+def test_sync_writes_again_what_was_deleted_or_torn(tmp_path):
+    uri = str(tmp_path / "t")
+    t = Supertable.create(uri, SCHEMA, primary_key="key")
+    t.upsert(rows(range(30), 1))
+    t.upsert(rows(range(10), 2))
+    t.delete(pc.field("key") == "20")
+    os.remove(f"{uri}/metadata/snap-3.avro")
+    for name in os.listdir(f"{uri}/metadata"):
+        if name.endswith("-data.avro"):
+            os.remove(f"{uri}/metadata/{name}")
+            break
+    for name in os.listdir(f"{uri}/deletes"):
+        if name.endswith(".pos.parquet"):
+            with open(f"{uri}/deletes/{name}", "r+b") as f:
+                f.truncate(10)
+            os.remove(f"{uri}/deletes/{name}")
+    with pytest.raises(Exception):
+        iceberg_scan(t.iceberg_metadata_location()).to_arrow()
+    assert t.sync_iceberg() == f"{uri}/metadata/v3.metadata.json"
+    assert canonical(iceberg_scan(t.iceberg_metadata_location()).to_arrow()) == \
+        canonical(t.to_arrow())
+    assert t.version == 3                       # a repair commits nothing
+
+
+def test_after_a_vacuum_the_latest_metadata_lists_only_kept_snapshots(tmp_path):
+    uri = str(tmp_path / "t")
+    t = Supertable.create(uri, SCHEMA, primary_key="key")
+    for n in range(5):
+        t.upsert(rows(range(n, n + 5), n))
+    t.vacuum(retain_versions=2, older_than=0)
+    latest = pyiceberg_table.StaticTable.from_metadata(t.iceberg_metadata_location())
+    assert [s.snapshot_id for s in latest.metadata.snapshots] == [4, 5]
+    t.upsert(rows(range(2), 7))
+    latest = pyiceberg_table.StaticTable.from_metadata(t.iceberg_metadata_location())
+    assert [s.snapshot_id for s in latest.metadata.snapshots] == [4, 5, 6]
+    for snapshot in latest.metadata.snapshots:
+        version = snapshot.snapshot_id
+        scan = iceberg_scan(t.iceberg_metadata_location(), snapshot_id=version)
+        assert canonical(scan.to_arrow()) == \
+            canonical(Supertable.open(uri, version=version).to_arrow())
