@@ -370,6 +370,31 @@ def new_run_id(job_id: Optional[str] = None) -> str:
     return f"{now}-{uuid.uuid4().hex[:8]}"
 
 
+def writable_file(flag: str, path: str) -> str:
+    """``path`` if a job can write a file there; else JobError naming ``flag``.
+
+    Checked before anything runs: a folder is never replaced by a file (it
+    may hold a table), and a URI needs a filesystem Beam knows.
+    """
+    if not path:
+        raise JobError(f"{flag}: empty path")
+    if is_local(path):
+        local = path[len("file://"):] if path.startswith("file://") else path
+        if os.path.isdir(local):
+            raise JobError(f"{flag} {path}: is a folder; name a file")
+        parent = os.path.dirname(os.path.abspath(local))
+        while parent and not os.path.exists(parent):
+            parent = os.path.dirname(parent)
+        if parent and not os.path.isdir(parent):
+            raise JobError(f"{flag} {path}: {parent} is a file, not a folder")
+        return path
+    try:
+        FileSystems.get_filesystem(path)
+    except ValueError as exc:
+        raise JobError(f"{flag} {path}: no filesystem for this URI in Beam ({exc})") from None
+    return path
+
+
 def default_dead_letters(table: str, given: Optional[str], job: str) -> str:
     """``given``, else beside a local table, else ``out/<job>.invalid.jsonl``."""
     if given:
@@ -390,7 +415,8 @@ class DeadLetters:
     this run's records are.
     """
 
-    def __init__(self, target: str, run_id: str) -> None:
+    def __init__(self, target: str, run_id: str, flag: str = "--dead-letters") -> None:
+        writable_file(flag, target)
         self.target, self.run_id = target, run_id
         stem, ext = os.path.splitext(target)
         self.part = f"{target}.{run_id}.part"

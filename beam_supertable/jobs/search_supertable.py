@@ -38,7 +38,7 @@ from beam_supertable.rag import (
 from beam_supertable.jobs.options import (
     DeadLetters, JobError, JobParser, add_max_invalid, add_storage_options, check_invalid,
     counter_totals, job_argv, local_parents, new_run_id, open_table, parse, positive_int,
-    require_input, run_pipeline, storage_options)
+    require_input, run_pipeline, storage_options, writable_file)
 from beam_supertable.jobs.options import main as job_main
 from beam_supertable.jobs.file_rows import (
     BAD_TAG, FORMATS, dead_letter, finite_vector, format_of, read_rows)
@@ -275,8 +275,9 @@ def summarize(result) -> dict:
 def run(argv: Optional[List[str]] = None) -> dict:
     """Runs the job; returns its counters (RejectedRun past ``--max-invalid``)."""
     options, args = parse(build_parser(), job_argv(argv))
+    writable_file("--output", args.output)
     todo = plan(args)
-    dead = DeadLetters(invalid_path(args.output), new_run_id())
+    dead = DeadLetters(invalid_path(args.output), new_run_id(), "--output")
     local_parents(args.output, dead.part)
     result = run_pipeline(options, build, args, todo, dead.part)
     counts = summarize(result)

@@ -18,7 +18,7 @@ from beam_upsert.metrics import NAMESPACE
 from beam_supertable._program import program_name
 from beam_supertable.jobs.options import (
     DeadLetters, JobParser, add_max_invalid, check_invalid, counter_totals, job_argv,
-    local_parents, new_run_id, parse, require_input, run_pipeline)
+    local_parents, new_run_id, parse, require_input, run_pipeline, writable_file)
 from beam_supertable.jobs.options import main as job_main
 from beam_supertable.jobs.io_formats import (
     BAD_TAG, CHANGE_SCHEMA, JOB_NAMESPACE, ChangeToRow, ParseCommand, ParseSnapshot,
@@ -91,10 +91,11 @@ def summarize(result) -> dict:
 def run(argv: Optional[List[str]] = None) -> dict:
     """Runs the job; returns its counters (RejectedRun past ``--max-invalid``)."""
     options, args = parse(build_parser(), job_argv(argv))
+    writable_file("--output", args.output)
     require_input("--commands", args.commands or DEFAULT_COMMANDS)
     if args.prior:
         require_input("--prior", args.prior)
-    dead = DeadLetters(args.output + ".invalid.jsonl", new_run_id())
+    dead = DeadLetters(args.output + ".invalid.jsonl", new_run_id(), "--output")
     local_parents(args.output, dead.part)
     result = run_pipeline(options, build, args, dead.part)
     counts = summarize(result)

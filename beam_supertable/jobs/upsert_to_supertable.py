@@ -47,6 +47,7 @@ from apache_beam.utils.timestamp import Timestamp
 
 from beam_supertable._program import program_name
 from beam_supertable import Supertable, UpsertToSupertable
+from beam_supertable._row_reasons import row_problem
 from beam_supertable.upsert_write import NAMESPACE as TABLE_NAMESPACE
 from beam_upsert import Invalid, UpsertCommand
 from beam_upsert.metrics import NAMESPACE as UPSERT_NAMESPACE
@@ -281,6 +282,23 @@ def check_columns(flag: str, path: str, schema: pa.Schema, rows: List[dict]) -> 
                            f"{_closest(name, schema.names)}; its columns are {schema.names}")
 
 
+def check_values(flag: str, path: str, schema: pa.Schema, keys: List[str], rows: List[dict],
+                 vector_column: Optional[str]) -> None:
+    """Raises JobError when none of the sampled values fits the new table's schema.
+
+    A wrong type in ``--schema`` (or a vector of another dimension) would
+    otherwise create the table, reject every value and record a frontier past
+    them, so that no rerun could apply them.
+    """
+    values = [with_key(v, k, keys) for k, v in _values(rows)]
+    if not values:
+        return
+    problems = [row_problem(v, schema, vector_column) for v in values]
+    if all(problems):
+        raise JobError(f"{flag}: no value in {path} fits the new table's columns (the first: "
+                       f"{problems[0]}); nothing was written")
+
+
 class Plan(NamedTuple):
     """What the job reads and writes, settled (and checked) before the pipeline is built."""
 
@@ -339,11 +357,18 @@ def plan(args) -> Plan:
                            f"{missing[0]!r}{_closest(missing[0], schema.names)}")
         check_columns("--schema", path, schema, rows)
     text = split_columns(args.text_columns)
+    for column in text:
+        if column in schema.names and not pa.types.is_string(schema.field(column).type) \
+                and not pa.types.is_large_string(schema.field(column).type):
+            raise JobError(f"--text-columns {column}: a text index needs a string column; "
+                           f"{column!r} is {schema.field(column).type}")
     for flag, column in [("--vector-column", args.vector_column)] + [
             ("--text-columns", c) for c in text]:
         if column and column not in schema.names:
             raise JobError(f"{flag} {column}: not a column of the table"
                            f"{_closest(column, schema.names)}; its columns are {schema.names}")
+    check_values("--schema" if args.schema else "--commands", path, schema, keys, rows,
+                 args.vector_column)
     return Plan(pattern, keys, schema, {"vector_column": args.vector_column,
                                         "fts_columns": tuple(text)}, options)
 

@@ -274,3 +274,33 @@ def test_the_changelog_encodes_values_and_errors_alike(tmp_path):
     assert errors and values
     assert all(r["value"] is None and isinstance(r["error"], str) for r in errors)
     assert all(isinstance(r["value"], dict) for r in values)
+
+
+# -- nothing written where it would destroy or lose something ---------------------------------
+@pytest.mark.parametrize("name", ["search_supertable", "upsert_changes"])
+def test_an_output_naming_a_folder_is_refused_and_the_folder_kept(name, tmp_path):
+    assert job("load_supertable", cwd=tmp_path).returncode == 0
+    line = one_line_error(job(name, "--output", "out/chunks", cwd=tmp_path))
+    assert "--output out/chunks: is a folder; name a file" in line
+    assert Supertable.open(str(tmp_path / "out" / "chunks")).count_rows() == 24
+
+
+def test_dead_letters_that_cannot_be_written_stop_the_job_before_it_commits(tmp_path):
+    (tmp_path / "dl").mkdir()
+    line = one_line_error(job("upsert_to_supertable", "--table", "t", "--dead-letters", "dl",
+                              cwd=tmp_path))
+    assert "--dead-letters dl: is a folder" in line
+    line = one_line_error(job("upsert_to_supertable", "--table", "t", "--dead-letters",
+                              "nosuch://x/dead.jsonl", cwd=tmp_path))
+    assert "--dead-letters nosuch://x/dead.jsonl: no filesystem" in line
+    assert not (tmp_path / "t").exists()
+
+
+def test_a_schema_no_value_fits_creates_no_table_and_records_no_frontier(tmp_path):
+    line = one_line_error(job("upsert_to_supertable", "--table", "t", "--schema",
+                              "key:string,reading:float32[4],unit:string", cwd=tmp_path))
+    assert "--schema: no value in" in line and "column 'reading' expects 4 float32" in line
+    line = one_line_error(job("upsert_to_supertable", "--table", "t", "--text-columns",
+                              "reading", cwd=tmp_path))
+    assert "--text-columns reading: a text index needs a string column" in line
+    assert not (tmp_path / "t").exists()
