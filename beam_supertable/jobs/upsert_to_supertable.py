@@ -425,8 +425,21 @@ def prepare_replay(args, table_plan: Plan, folder: str) -> tuple:
                                        f"a dead-letter record of this job ({reason})"))
                 continue
             held = latest.get(key)
-            if held is None or command["offset"] >= held[0]["offset"]:
+            if held is None:
                 latest[key] = (command, version)
+                continue
+            # Two records for one key: the highest offset wins (the upsert's rule),
+            # the later record on a tie; the other is said not replayed.
+            try:
+                newer = command["offset"] >= held[0]["offset"]
+            except TypeError:
+                newer = True
+            loser = held[0] if newer else command
+            if newer:
+                latest[key] = (command, version)
+            refused.append(Invalid(loser, f"not replayed: --replay {path} holds another "
+                                          f"record for key {key!r} with a higher offset "
+                                          f"(the highest offset wins)"))
     if not latest:
         return None, refused
     now = _rows_by_key(table, keys, list(latest))

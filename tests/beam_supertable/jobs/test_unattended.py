@@ -304,3 +304,26 @@ def test_a_schema_no_value_fits_creates_no_table_and_records_no_frontier(tmp_pat
                               "reading", cwd=tmp_path))
     assert "--text-columns reading: a text index needs a string column" in line
     assert not (tmp_path / "t").exists()
+
+
+def test_a_replay_with_two_records_for_one_key_applies_the_higher_offset_and_says_so(tmp_path):
+    schema = "key:string,reading:int64"
+    first = write_lines(tmp_path / "first.jsonl", [
+        {"key": "a", "offset": 1, "time": 100, "value": {"reading": "one"}},
+        {"key": "a", "offset": 1, "time": 101, "value": {"reading": "uno"}},
+        {"key": "c", "offset": 3, "time": 100, "value": {"reading": 3}}])
+    base = ("upsert_to_supertable", "--table", "t", "--schema", schema)
+    assert job(*base, "--commands", first, cwd=tmp_path).returncode == 0
+    records = [json.loads(line) for line in (tmp_path / "t.invalid.jsonl").read_text()
+               .splitlines()]
+    assert len(records) == 2
+    for offset, record in zip((5, 7), records):
+        record["element"]["value"]["reading"] = offset
+        record["element"]["offset"] = offset
+    done = job(*base, "--replay", write_lines(tmp_path / "fix.jsonl", records), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "replayed=1 not_replayed=1" in done.stdout
+    rows = Supertable.open(str(tmp_path / "t")).to_arrow(columns=["key", "reading"]).to_pylist()
+    assert {r["key"]: r["reading"] for r in rows} == {"a": 7, "c": 3}
+    last = json.loads((tmp_path / "t.invalid.jsonl").read_text().splitlines()[-1])
+    assert last["element"]["offset"] == 5 and "higher offset" in last["reason"]
