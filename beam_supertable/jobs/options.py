@@ -148,6 +148,7 @@ def parse(parser: JobParser, argv: Sequence[str]) -> Tuple[PipelineOptions, argp
     """
     # An unknown flag is the likelier mistake (``--tabel`` for a required
     # ``--table``), so it is reported before a missing required one.
+    _refuse_repeats(parser, argv)
     required = [a for a in parser._actions if a.required]
     for action in required:
         action.required = False
@@ -164,6 +165,20 @@ def parse(parser: JobParser, argv: Sequence[str]) -> Tuple[PipelineOptions, argp
     if missing:
         parser.error(f"the following arguments are required: {', '.join(missing)}")
     return flink.fill_defaults(PipelineOptions(rest), rest), args
+
+
+def _refuse_repeats(parser: JobParser, argv: Sequence[str]) -> None:
+    """A flag of the job given twice is a mistake (which one was meant?): exit 2."""
+    dest = {s: a.dest for a in parser._actions for s in a.option_strings}  # noqa: SLF001
+    seen: Dict[str, str] = {}
+    for arg in argv:
+        if arg == "--":
+            break
+        name = arg.split("=", 1)[0]
+        if name in dest and dest[name] not in ("help", "version"):
+            if dest[name] in seen:
+                parser.error(f"{name}: given twice (first as {seen[dest[name]]}); give it once")
+            seen[dest[name]] = name
 
 
 def _unknown_message(arg: str, own: List[str], beams: List[str]) -> str:

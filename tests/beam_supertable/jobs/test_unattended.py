@@ -327,3 +327,10 @@ def test_a_replay_with_two_records_for_one_key_applies_the_higher_offset_and_say
     assert {r["key"]: r["reading"] for r in rows} == {"a": 7, "c": 3}
     last = json.loads((tmp_path / "t.invalid.jsonl").read_text().splitlines()[-1])
     assert last["element"]["offset"] == 5 and "higher offset" in last["reason"]
+
+
+def test_a_flag_given_twice_is_refused(tmp_path):
+    line = one_line_error(job("upsert_to_supertable", "--table", "t1", "--table=t2",
+                              cwd=tmp_path), code=2)
+    assert "--table: given twice" in line
+    assert not (tmp_path / "t1").exists() and not (tmp_path / "t2").exists()
