@@ -104,6 +104,16 @@ def check_schema(uri: str, schema: pa.Schema) -> None:
         raise SchemaMismatchError(f"{uri}: {exc}") from None
 
 
+def has_iceberg_form(uri: str, schema: pa.Schema) -> bool:
+    """Whether ``schema`` has an Iceberg form; when not, a warning names the column."""
+    try:
+        check_schema(uri, schema)
+    except SchemaMismatchError as exc:
+        _LOG.warning("%s; the table is created without Iceberg metadata", exc)
+        return False
+    return True
+
+
 def is_enabled(snapshot: Snapshot) -> bool:
     return isinstance(snapshot.properties.get(ENABLED_PROPERTY), dict)
 

@@ -201,8 +201,8 @@ class Supertable(TableWrites, TableSearch, TableIceberg):
             props["fts"] = {"columns": list(fts_columns),
                             "stop_words": sorted({w.casefold() for w in stop_words})}
         full = pa.schema([pa.field(ID, pa.int64(), nullable=False)] + list(schema))
-        if iceberg:
-            iceberg_meta.check_schema(uri, full)
+        if iceberg and not iceberg_meta.has_iceberg_form(uri, full):
+            del props[iceberg_meta.ENABLED_PROPERTY]   # said in a warning, naming the column
         return full, props
 
     def _check_settings(self, schema: pa.Schema, props: Dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -333,12 +334,16 @@ def test_an_overwrite_with_another_schema_leaves_the_old_snapshots_out_of_the_hi
     (pa.field("c", pa.uint64()), "no unsigned integers"),
     (pa.field("c", pa.time64("ns")), "time64"),
 ])
-def test_a_column_without_an_iceberg_type_is_refused_at_create_and_named(tmp_path, column, why):
+def test_a_column_without_an_iceberg_type_turns_the_face_off_and_says_which(tmp_path, column,
+                                                                             why, caplog):
     schema = pa.schema([("k", pa.string()), column])
-    with pytest.raises(SchemaMismatchError, match=f"column 'c'.*{why}.*iceberg=False"):
-        Supertable.create(str(tmp_path / "t"), schema)
-    t = Supertable.create(str(tmp_path / "t"), schema, iceberg=False)
-    with pytest.raises(SchemaMismatchError, match="column 'c'"):
+    with caplog.at_level("WARNING", logger="beam_supertable.iceberg"):
+        t = Supertable.create(str(tmp_path / "t"), schema)
+    assert re.search(f"column 'c'.*{why}.*without Iceberg metadata", caplog.text)
+    assert not os.path.exists(tmp_path / "t" / "metadata")
+    with pytest.raises(IcebergDisabledError, match="sync_iceberg"):
+        t.iceberg_metadata_location()
+    with pytest.raises(SchemaMismatchError, match="column 'c'.*iceberg=False"):
         t.sync_iceberg()
     assert t.version == 0
 
