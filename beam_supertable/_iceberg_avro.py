@@ -76,21 +76,20 @@ MANIFEST_ENTRY = fastavro.parse_schema({
         {"name": "data_file", "type": _DATA_FILE, "field-id": 2},
     ]})
 
+# manifest_file's required fields: (name, type, field id), in the spec's order.
+_MANIFEST_FILE_FIELDS = (
+    ("manifest_path", "string", 500), ("manifest_length", "long", 501),
+    ("partition_spec_id", "int", 502), ("content", "int", 517),
+    ("sequence_number", "long", 515), ("min_sequence_number", "long", 516),
+    ("added_snapshot_id", "long", 503), ("added_files_count", "int", 504),
+    ("existing_files_count", "int", 505), ("deleted_files_count", "int", 506),
+    ("added_rows_count", "long", 512), ("existing_rows_count", "long", 513),
+    ("deleted_rows_count", "long", 514))
+
 MANIFEST_FILE = fastavro.parse_schema({
     "type": "record", "name": "manifest_file", "fields": [
-        {"name": "manifest_path", "type": "string", "field-id": 500},
-        {"name": "manifest_length", "type": "long", "field-id": 501},
-        {"name": "partition_spec_id", "type": "int", "field-id": 502},
-        {"name": "content", "type": "int", "field-id": 517},
-        {"name": "sequence_number", "type": "long", "field-id": 515},
-        {"name": "min_sequence_number", "type": "long", "field-id": 516},
-        {"name": "added_snapshot_id", "type": "long", "field-id": 503},
-        {"name": "added_files_count", "type": "int", "field-id": 504},
-        {"name": "existing_files_count", "type": "int", "field-id": 505},
-        {"name": "deleted_files_count", "type": "int", "field-id": 506},
-        {"name": "added_rows_count", "type": "long", "field-id": 512},
-        {"name": "existing_rows_count", "type": "long", "field-id": 513},
-        {"name": "deleted_rows_count", "type": "long", "field-id": 514},
+        *({"name": name, "type": kind, "field-id": field_id}
+          for name, kind, field_id in _MANIFEST_FILE_FIELDS),
         {"name": "partitions", "type": _optional({
             "type": "array", "element-id": 508, "items": {
                 "type": "record", "name": "r508", "fields": [

@@ -11,6 +11,7 @@ hold 10, 1,000 and 10,000 superfiles. Throughput: commits/s with 1, 2, 4 and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -112,6 +113,19 @@ def _moto():
                   "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
 
 
+@contextlib.contextmanager
+def backend(name, prefix):
+    """``(uri, storage_options)`` of a fresh place on ``local`` disk or a moto ``s3`` server."""
+    if name == "local":
+        yield tempfile.mkdtemp(prefix=prefix), None
+        return
+    proc, options = _moto()
+    try:
+        yield "s3://bench", options
+    finally:
+        proc.terminate()
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--writer":
@@ -120,25 +134,16 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", default="local,s3")
     args = parser.parse_args(argv)
-    for backend in args.backends.split(","):
-        proc = None
-        if backend == "local":
-            uri, options = tempfile.mkdtemp(prefix="commit-bench-"), None
-        else:
-            proc, options = _moto()
-            uri = "s3://bench"
-        try:
+    for name in args.backends.split(","):
+        with backend(name, "commit-bench-") as (uri, options):
             lat = latency(uri, options)
             for size, (p50, p99) in lat.items():
-                print(f"{backend:5s} commit latency with {size:>6,d} superfiles: "
+                print(f"{name:5s} commit latency with {size:>6,d} superfiles: "
                       f"p50 {p50:6.1f} ms  p99 {p99:6.1f} ms", flush=True)
-            print(f"{backend:5s} p50 at {SIZES[-1]:,} / p50 at {SIZES[0]}: "
+            print(f"{name:5s} p50 at {SIZES[-1]:,} / p50 at {SIZES[0]}: "
                   f"{lat[SIZES[-1]][0] / lat[SIZES[0]][0]:.2f}x", flush=True)
             for k, rate in contended(uri, options).items():
-                print(f"{backend:5s} {k} writer process(es): {rate:6.1f} commits/s", flush=True)
-        finally:
-            if proc is not None:
-                proc.terminate()
+                print(f"{name:5s} {k} writer process(es): {rate:6.1f} commits/s", flush=True)
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python "
           f"{platform.python_version()}, {time.strftime('%Y-%m-%d')}")
 

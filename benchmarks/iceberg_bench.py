@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from benchmarks.commit_bench import _fill, _moto
+from benchmarks.commit_bench import _fill, backend
 from beam_supertable import Supertable
 from beam_supertable.iceberg import ENABLED_PROPERTY, ENABLED_VALUE
 from beam_supertable.manifest import CommitRequest, Manifest
@@ -128,23 +128,14 @@ def main(argv=None):
     parser.add_argument("--backends", default="local,s3")
     parser.add_argument("--skip-scan", action="store_true")
     args = parser.parse_args(argv)
-    for backend in args.backends.split(","):
-        proc = None
-        if backend == "local":
-            uri, options = tempfile.mkdtemp(prefix="iceberg-bench-"), None
-        else:
-            proc, options = _moto()
-            uri = "s3://bench"
-        try:
+    for name in args.backends.split(","):
+        with backend(name, "iceberg-bench-") as (uri, options):
             for what, measure in (("commit", commit_cost), ("append", append_cost)):
                 for size, by in measure(uri, options).items():
                     (off50, off99), (on50, on99) = by[False], by[True]
-                    print(f"{backend:5s} {what} at {size:>5,d} superfiles: off p50 {off50:6.1f} "
+                    print(f"{name:5s} {what} at {size:>5,d} superfiles: off p50 {off50:6.1f} "
                           f"/ p99 {off99:6.1f} ms; on p50 {on50:6.1f} / p99 {on99:6.1f} ms; "
                           f"p50 ratio on:off {on50 / off50:.2f}x", flush=True)
-        finally:
-            if proc is not None:
-                proc.terminate()
     if not args.skip_scan:
         base = tempfile.mkdtemp(prefix="iceberg-scan-")
         scanned = scan(os.path.join(base, "t"))
