@@ -422,3 +422,14 @@ def test_after_a_vacuum_the_latest_metadata_lists_only_kept_snapshots(tmp_path):
         scan = iceberg_scan(t.iceberg_metadata_location(), snapshot_id=version)
         assert canonical(scan.to_arrow()) == \
             canonical(Supertable.open(uri, version=version).to_arrow())
+
+
+def test_polars_scans_the_iceberg_table_through_pyiceberg(tmp_path):
+    """The guide's Polars snippet, vector column included."""
+    uri = str(tmp_path / "t")
+    t = Supertable.create(uri, SCHEMA, vector_column="emb", primary_key="key")
+    t.upsert(rows(range(20), 1))
+    t.delete(pc.field("key") == "4")
+    table = pyiceberg_table.StaticTable.from_metadata(t.iceberg_metadata_location())
+    frame = pl.scan_iceberg(table, reader_override="pyiceberg").collect()
+    assert frame.height == 19 and "4" not in frame["key"].to_list()
