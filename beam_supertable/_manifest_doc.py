@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import datetime
 import hashlib
 import json
 from typing import Any, Dict, List, Optional, Protocol, Tuple
@@ -27,6 +28,42 @@ VERSION_DIGITS = 20
 
 
 RECENT_TOKENS = 128          # tokens of the latest commits, carried by each version
+TOKEN_INDEX = f"{TOKENS}/index"   # folded markers: one sorted, immutable object per period
+TOKEN_RETENTION = "token_retention"   # table property: seconds a token is remembered
+DEFAULT_TOKEN_RETENTION_S = 7 * 24 * 3600
+
+
+def retention_seconds(value: Any, what: str = "token_retention") -> float:
+    """A token retention as seconds > 0 (a number of seconds or a ``timedelta``)."""
+    if isinstance(value, datetime.timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
+            or value != value or value == float("inf"):
+        raise ValueError(f"{what} must be a positive number of seconds or a timedelta, "
+                         f"got {value!r}")
+    return float(value)
+
+
+def token_retention_of(properties: Dict[str, Any]) -> float:
+    """The token retention a version's properties put in force (seconds)."""
+    held = properties.get(TOKEN_RETENTION)
+    return float(held) if isinstance(held, (int, float)) and held > 0 \
+        else float(DEFAULT_TOKEN_RETENTION_S)
+
+
+def epoch_of(timestamp: Any) -> Optional[float]:
+    """Seconds since the epoch of a commit's ISO timestamp; None when unreadable."""
+    try:
+        moment = datetime.datetime.fromisoformat(str(timestamp))
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.timezone.utc)
+    return moment.timestamp()
+
+
+def iso_of(epoch: float) -> str:
+    return datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).isoformat()
 
 
 def version_path(version: int) -> str:

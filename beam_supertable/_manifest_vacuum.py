@@ -5,15 +5,16 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
-import time
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 
 from beam_supertable import iceberg, ids
 from beam_supertable.store import ObjectInfo
 from beam_supertable._manifest_doc import (
-    HINT, META, TOKENS, VERSIONS, Snapshot, version_of, version_path)
-from beam_supertable._manifest_tokens import _marker_version, token_folder
+    HINT, META, TOKEN_INDEX, TOKENS, VERSIONS, Snapshot, epoch_of, iso_of, retention_seconds,
+    token_retention_of, unseal, version_of, version_path)
+from beam_supertable._manifest_tokens import (
+    _marker_version, index_period_s, index_range, token_folder, token_hash)
 DEFAULT_VACUUM_GRACE_S = 6 * 3600
 
 _LOG = logging.getLogger(__name__)
@@ -39,6 +40,8 @@ class VacuumReport:
     removed_objects: Tuple[str, ...]
     removed_bytes: int
     retained_versions: Tuple[int, ...]
+    folded_tokens: int = 0              # markers folded into the token index
+    token_horizon: Optional[str] = None  # tokens of commits before it are forgotten
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +57,11 @@ class VacuumPlan:
             period still protects (a commit in flight, or an orphan that is
             reclaimable later).
         grace_s: the grace period applied, in seconds.
+        token_retention_s: the token retention applied, in seconds.
+        token_horizon: ``now - token_retention_s`` (epoch seconds): markers
+            and index objects of commits before it are removed.
+        folds: index entries to write, by period ``(start, end)``: the
+            markers of removed versions whose tokens are still remembered.
     """
 
     removed_versions: Tuple[int, ...]
@@ -61,6 +69,13 @@ class VacuumPlan:
     retained_versions: Tuple[int, ...]
     waiting_objects: Tuple[ObjectInfo, ...]
     grace_s: float
+    token_retention_s: float = 0.0
+    token_horizon: float = 0.0
+    folds: Dict[Tuple[int, int], List[list]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def folded_tokens(self) -> int:
+        return sum(len(v) for v in self.folds.values())
 
     @property
     def removed_bytes(self) -> int:
@@ -73,7 +88,8 @@ class VacuumPlan:
     def report(self) -> VacuumReport:
         """The plan as what ``vacuum`` returns."""
         return VacuumReport(self.removed_versions, tuple(i.path for i in self.removed_objects),
-                            self.removed_bytes, self.retained_versions)
+                            self.removed_bytes, self.retained_versions, self.folded_tokens,
+                            iso_of(self.token_horizon))
 
 
 class Vacuum:
@@ -108,7 +124,9 @@ class Vacuum:
     def plan_vacuum(self, *, retain_versions: int = 10,
                     older_than: Union[float, datetime.timedelta, None] = None,
                     objects: Optional[Sequence[ObjectInfo]] = None,
-                    now: Optional[float] = None) -> "VacuumPlan":
+                    now: Optional[float] = None,
+                    token_retention: Union[float, datetime.timedelta, None] = None
+                    ) -> "VacuumPlan":
         """What ``vacuum`` would delete now, without deleting or writing anything.
 
         Reads the version documents and manifest parts of the versions it
@@ -119,7 +137,10 @@ class Vacuum:
             older_than: grace period, as for ``vacuum``.
             objects: the table's listing (``store.list("")``), when the caller
                 already has one; listed here otherwise.
-            now: the time objects' ages are measured at (default: now).
+            now: the time objects' ages are measured at (default: the
+                manifest's clock).
+            token_retention: how long tokens are remembered (seconds or a
+                ``timedelta``); default: the latest version's ``token_retention``.
 
         Returns:
             The plan: versions and objects to remove, versions kept, and the
@@ -131,7 +152,7 @@ class Vacuum:
                 f"vacuum: retain_versions must be an int >= 1, got {retain_versions!r}")
         grace = grace_seconds(older_than)
         latest = self.latest_version()
-        now = time.time() if now is None else now
+        now = self.clock() if now is None else now
         objects = self.store.list("") if objects is None else objects
         version_infos = {version_of(i.path): i for i in objects if version_of(i.path) is not None}
         ordered = sorted(v for v in version_infos if v <= latest)
@@ -142,19 +163,26 @@ class Vacuum:
                 keep.add(v)
         keep.update(v for v in version_infos if v > latest)
         referenced = {HINT}
+        kept_at: Dict[int, Optional[float]] = {}
+        retention = None if token_retention is None else retention_seconds(token_retention)
         for v in sorted(keep):
             doc = self._try_version(v)
             if doc is not None:
                 kept = self._snapshot(doc)
                 referenced |= self.referenced(kept) | self.iceberg_referenced(kept)
+                kept_at[v] = epoch_of(kept.commit.get("timestamp"))
+                if v == latest and retention is None:
+                    retention = token_retention_of(kept.properties)
+        retention = token_retention_of({}) if retention is None else retention
+        horizon = now - retention
         removed: List[ObjectInfo] = []
         waiting: List[ObjectInfo] = []
         removed_versions = []
         for info in objects:
             path = info.path
             if path in referenced or path.startswith((ids.CLAIMS + "/", TOKENS + "/")):
-                # Id claims are kept forever (their ids may be in use), token
-                # markers too (a rerun of a vacuumed commit is refused by them).
+                # Id claims are kept (their ids may be in use); token markers
+                # and index objects go by the token horizon, below.
                 continue
             if path.startswith(VERSIONS + "/"):
                 version = version_of(path)
@@ -171,41 +199,100 @@ class Vacuum:
             if version is not None:
                 removed_versions.append(version)
             removed.append(info)
-        removed += self._stale_markers(objects, removed_versions)
+        gone, folds = self._past_tokens(objects, removed_versions, kept_at, horizon,
+                                        index_period_s(retention))
+        removed += gone
         return VacuumPlan(tuple(sorted(removed_versions)),
                           tuple(sorted(removed, key=lambda i: i.path)),
                           tuple(sorted(keep)), tuple(sorted(waiting, key=lambda i: i.path)),
-                          grace)
+                          grace, retention, horizon, folds)
 
-    def _stale_markers(self, objects: Sequence[ObjectInfo],
-                       removed_versions: Sequence[int]) -> List[ObjectInfo]:
-        """Token markers of versions about to go that another token's commit holds.
+    def _past_tokens(self, objects: Sequence[ObjectInfo], removed_versions: Sequence[int],
+                     kept_at: Dict[int, Optional[float]], horizon: float, period: float
+                     ) -> Tuple[List[ObjectInfo], Dict[Tuple[int, int], List[list]]]:
+        """Token objects to remove, and index entries to write in their place.
 
-        Such a marker's attempt lost its race; once its version is gone
-        nothing could tell so, and the token would be refused for good. One
-        read per removed version that markers name (normally none).
+        A marker goes when its commit is past the horizon (by the version's
+        timestamp; by the marker's own age when its version is gone or not
+        created yet), or when its version goes: then, if that version holds
+        the marker's token and is still within the horizon, the token is
+        folded into the index entry of its period. A marker whose version
+        holds another commit lost its race and just goes. One read per
+        removed version that markers name (normally one per tokened commit).
         """
         going = set(removed_versions)
         named: Dict[int, List[ObjectInfo]] = {}
+        gone: List[ObjectInfo] = []
+        folds: Dict[Tuple[int, int], List[list]] = {}
         for info in objects:
-            if info.path.startswith(TOKENS + "/"):
-                version = _marker_version(info.path)
-                if version in going:
-                    named.setdefault(version, []).append(info)
-        stale = []
-        for version, markers in named.items():
+            if not info.path.startswith(TOKENS + "/"):
+                continue
+            span = index_range(info.path)
+            if info.path.startswith(TOKEN_INDEX + "/"):
+                if span is not None and span[1] < horizon:
+                    gone.append(info)   # every entry is past the horizon
+                continue
+            version = _marker_version(info.path)
+            if version is None:
+                continue
+            if version in going:
+                named.setdefault(version, []).append(info)
+            elif version in kept_at:
+                at = kept_at[version]
+                if at is not None and at < horizon:
+                    gone.append(info)
+            elif info.mtime is not None and info.mtime < horizon:
+                gone.append(info)
+        for version, markers in sorted(named.items()):
             doc = self._try_version(version)
             if doc is None:
                 continue  # already gone: whether a marker landed cannot be told
-            token = doc.get("commit", {}).get("token")
+            commit = doc.get("commit", {})
+            token = commit.get("token")
             held = token_folder(token) + "/" if token is not None else None
-            stale += [m for m in markers if held is None or not m.path.startswith(held)]
-        return stale
+            at = epoch_of(commit.get("timestamp"))
+            for marker in markers:
+                gone.append(marker)
+                if held is None or not marker.path.startswith(held) or at is None \
+                        or at < horizon:
+                    continue
+                fp = commit.get("fingerprint") or {}
+                start = int(at // period * period)
+                folds.setdefault((start, int(start + period)), []).append(
+                    [token_hash(token), version, at, fp.get("sha256"), fp.get("rows"),
+                     fp.get("superfiles")])
+        return gone, folds
+
+    def _write_folds(self, folds: Dict[Tuple[int, int], List[list]]) -> List[str]:
+        """Writes the index objects of ``folds``, each merged with the index objects
+        of the same period already there; returns those it replaces (to delete
+        after the markers, so a lookup always finds a token in one or the other)."""
+        if not folds:
+            return []
+        listed: Dict[Tuple[int, int], List[str]] = {}
+        for info in self.store.list(TOKEN_INDEX):
+            span = index_range(info.path)
+            if span is not None and span in folds:
+                listed.setdefault(span, []).append(info.path)
+        replaced = []
+        for (start, end), entries in sorted(folds.items()):
+            merged = {tuple(e) for e in entries}
+            for path in listed.get((start, end), []):
+                try:
+                    doc = unseal(self.store.get(path), f"{self.store.uri}/{path}")
+                except FileNotFoundError:
+                    continue   # replaced by a concurrent vacuum: its successor is listed
+                merged.update(tuple(e) for e in doc["entries"])
+            path = self.write_token_index(start, end, [list(e) for e in merged])
+            replaced += [p for p in listed.get((start, end), []) if p != path]
+        return replaced
 
     def vacuum(self, *, retain_versions: int = 10,
                older_than: Union[float, datetime.timedelta, None] = None,
-               dry_run: bool = False) -> VacuumReport:
-        """Deletes what no retained version references, once past the grace period.
+               dry_run: bool = False,
+               token_retention: Union[float, datetime.timedelta, None] = None) -> VacuumReport:
+        """Deletes what no retained version references, once past the grace period,
+        and token markers and index objects past the token horizon.
 
         Args:
             retain_versions: the newest versions kept (at least 1).
@@ -215,10 +302,15 @@ class Vacuum:
                 (the default) means ``DEFAULT_VACUUM_GRACE_S`` (6 hours); ``0``
                 means no grace.
             dry_run: report without deleting (``plan_vacuum`` says more).
+            token_retention: how long tokens are remembered (seconds or a
+                ``timedelta``); default: the table's ``token_retention``.
         """
-        plan = self.plan_vacuum(retain_versions=retain_versions, older_than=older_than)
+        plan = self.plan_vacuum(retain_versions=retain_versions, older_than=older_than,
+                                token_retention=token_retention)
         self.store.check_writable()
         if not dry_run:
+            # The index first: a marker goes only once its token is folded.
+            replaced = self._write_folds(plan.folds)
             # Versions first (oldest first), then what only they referenced: a
             # vacuum cut short leaves orphans, never a listed version whose
             # parts or data are gone. Kept versions reference nothing removed.
@@ -227,6 +319,8 @@ class Vacuum:
                                key=lambda i: (not i.path.startswith(TOKENS),
                                               not i.path.startswith(VERSIONS), i.path)):
                 self.store.delete(info.path)
+            for path in replaced:
+                self.store.delete(path)
             if plan.removed_versions:
                 latest = self.load()
                 if iceberg.is_enabled(latest):

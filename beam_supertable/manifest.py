@@ -7,7 +7,10 @@ Layout under the table root::
     _supertable/latest.json              hint: a recent version number (may lag)
     _supertable/tokens/<sha256(token)>/<N:020d>.json
                                          token marker: a commit with this token
-                                         tried to create version N (JSON, kept)
+                                         tried to create version N (JSON)
+    _supertable/tokens/index/<start>-<end>-<digest>.json
+                                         folded markers of vacuumed versions whose
+                                         commits fell in [start, end) (sorted, immutable)
 
 A version document is JSON holding the format version, the Arrow schema
 (IPC bytes, base64), table properties, the list of manifest parts, deletion
@@ -26,8 +29,11 @@ marker ``tokens/<sha256(token)>/<N>.json``, so one listing of the token's
 folder names every version its commits tried, and reading those versions
 (normally one) tells where it landed. The version, not the marker, is the
 truth: a marker whose version holds another commit lost its race. Markers
-are never vacuumed, so a token whose version was vacuumed is refused, not
-committed again.
+are kept for the table's ``token_retention`` (default 7 days): a token is
+remembered for that long after the commit that carried it, then forgotten
+(a rerun commits again). Vacuum folds the markers of the versions it removes
+into ``tokens/index/`` objects (see ``_manifest_tokens``), so a token whose
+version was vacuumed is still recognised within its retention.
 
 Commit cost does not grow with the table: a commit writes one new part with
 its own entries and references the base's parts unchanged; parts are merged
@@ -38,7 +44,6 @@ eight at a time (a base-8 counter), so a table of ``n`` superfiles has
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import errno
 import json
 import logging
@@ -53,16 +58,17 @@ import pyarrow as pa
 
 from beam_supertable.errors import (
     AlreadyExists, CommitConflictError, CommitFailedError, CorruptManifestError,
-    NotATableError, SchemaMismatchError, StoreIOError, SupertableError, TableExistsError, TokenReuseError,
+    NotATableError, SchemaMismatchError, StoreIOError, SupertableError, TableExistsError,
     VersionNotFoundError)
 from beam_supertable.store import ObjectStore
 from beam_supertable.iceberg import IcebergMetadata
 from beam_supertable._manifest_doc import (  # noqa: F401 - the document format, re-exported
     FORMAT_VERSION, HINT, META, PARTS, RECENT_TOKENS, TOKENS, VERSION_DIGITS, VERSIONS,
+    DEFAULT_TOKEN_RETENTION_S, TOKEN_INDEX, TOKEN_RETENTION, iso_of, token_retention_of,
     CommitRequest, PartRef, Snapshot, _canonical, _entry_ids, _same_rows, commit_fingerprint,
     schema_from_text, schema_to_text, seal, unseal, version_of, version_path)
 from beam_supertable._manifest_tokens import (  # noqa: F401
-    TokenIndex, _marker_version, token_folder, token_marker_path)
+    IndexedToken, TokenIndex, _marker_version, token_folder, token_marker_path)
 from beam_supertable._manifest_vacuum import (  # noqa: F401
     DEFAULT_VACUUM_GRACE_S, Vacuum, VacuumPlan, VacuumReport, grace_seconds)
 
@@ -140,6 +146,8 @@ class Manifest(TokenIndex, Vacuum):
         self.store = store
         self._parts: Dict[str, List[dict]] = {}
         self._sleep: Callable[[float], None] = time.sleep
+        # What commits stamp and vacuum measures ages by (tests move it forward).
+        self.clock: Callable[[], float] = time.time
         self.iceberg = IcebergMetadata(store, self.read_part, self.load)
 
     # -- reading ---------------------------------------------------------
@@ -251,6 +259,7 @@ class Manifest(TokenIndex, Vacuum):
 
     def _document(self, version, schema, properties, parts, deletes, totals, operation,
                   token, metadata, recent_tokens) -> Dict[str, Any]:
+        now = self.clock()
         return {
             "format": "supertable",
             "format_version": FORMAT_VERSION,
@@ -263,12 +272,14 @@ class Manifest(TokenIndex, Vacuum):
             "totals": totals,
             "recent_tokens": recent_tokens,
             "commit": {
-                "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                "timestamp": iso_of(now),
                 "operation": operation,
                 "writer": _writer_id(),
                 "token": token,
                 "metadata": metadata,
                 "parent": version - 1 if version else None,
+                # Tokens of commits since then are still recognised (the horizon in force).
+                "token_horizon": iso_of(now - token_retention_of(properties)),
             },
         }
 
@@ -479,7 +490,7 @@ class Manifest(TokenIndex, Vacuum):
                 if req.token is not None:
                     doc["commit"]["fingerprint"] = fingerprint
                     step = f"marking token {req.token!r} for version {doc['version']}"
-                    self._mark_token(req.token, doc["version"])
+                    self._mark_token(req.token, doc["version"], doc["commit"])
                 step = f"creating {version_path(doc['version'])}"
                 attempted[doc["version"]] = json.loads(_canonical(doc["commit"]))
                 self.store.put_if_absent(version_path(doc["version"]), seal(doc))
@@ -529,31 +540,6 @@ class Manifest(TokenIndex, Vacuum):
                 self._write_hint(version)
                 return self._snapshot(doc)
         return None
-
-    def _landed(self, req: CommitRequest, fingerprint: Dict[str, Any], landed: Snapshot,
-                base: Snapshot, attempted: Dict[int, Dict[str, Any]]) -> Snapshot:
-        """The result of a commit whose token is already in ``landed``."""
-        if attempted.get(landed.version) == landed.commit:
-            # This call's own create landed though it reported a failure.
-            self._write_hint(landed.version)
-            return landed
-        recorded = landed.commit.get("fingerprint") if landed.commit.get("token") == req.token \
-            else None
-        if recorded is not None and recorded.get("sha256") != fingerprint["sha256"]:
-            raise TokenReuseError(
-                f"{self.store.uri}: token {req.token!r} already landed at version "
-                f"{landed.version} with a different commit ({recorded.get('rows')} rows in "
-                f"{recorded.get('superfiles')} superfiles, fingerprint "
-                f"{str(recorded.get('sha256'))[:12]}…); this commit on version {base.version} "
-                f"adds {fingerprint['rows']} rows in {fingerprint['superfiles']} superfiles "
-                f"(fingerprint {fingerprint['sha256'][:12]}…). A token names one commit: "
-                "use a fresh token (job_id) for new data",
-                token=req.token, landed_version=landed.version, base_version=base.version)
-        _LOG.warning("%s: commit token %s already landed at version %d%s; nothing committed",
-                     self.store.uri, req.token, landed.version,
-                     "" if recorded is not None else " (its fingerprint was not recorded, so "
-                     "it cannot be checked against this commit)")
-        return dataclasses.replace(landed, deduplicated=True)
 
     def _safe_try_version(self, version: int) -> Optional[Dict[str, Any]]:
         try:

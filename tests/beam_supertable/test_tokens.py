@@ -80,17 +80,21 @@ def test_a_token_that_lost_a_race_is_found_where_it_landed(table, table_location
     assert b.load().totals["superfiles"] == 8
 
 
-def test_a_token_past_the_window_whose_version_was_vacuumed_is_refused(
+def test_a_token_whose_version_was_vacuumed_is_found_in_the_token_index(
         table, table_location, monkeypatch):
-    """Whether a vacuumed version held the same rows cannot be told: refuse, never
-    commit a second time."""
+    """Vacuum folds the markers of the versions it removes into the token index:
+    within the retention the same rows are deduplicated (the latest version is
+    returned, nothing is committed) and other rows are refused."""
     from beam_supertable import manifest as mf
     monkeypatch.setattr(mf, "RECENT_TOKENS", 3)
     uri, options = table_location
     m = _old_token_out_of_window(Manifest(ObjectStore(uri, options)))
-    m.vacuum(retain_versions=2, older_than=0)
-    with pytest.raises(TokenReuseError, match="vacuumed"):
-        m.commit(CommitRequest(add_entries=(_entry(0),), token="old"))
+    report = m.vacuum(retain_versions=2, older_than=0)
+    assert report.folded_tokens == 5   # versions 1..5 held tokens; 6 and 7 are kept
+    again = m.commit(CommitRequest(add_entries=(_entry(0),), token="old"))
+    assert again.deduplicated and again.version == 7
+    with pytest.raises(TokenReuseError, match="already landed at version 1"):
+        m.commit(CommitRequest(add_entries=(_entry(9, rows=5),), token="old"))
     assert m.load().version == 7
 
 
