@@ -41,7 +41,8 @@ class VacuumReport:
     removed_bytes: int
     retained_versions: Tuple[int, ...]
     folded_tokens: int = 0              # markers folded into the token index
-    token_horizon: Optional[str] = None  # tokens of commits before it are forgotten
+    # Tokens of commits before it are forgotten (a moment, so not compared).
+    token_horizon: Optional[str] = dataclasses.field(default=None, compare=False)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -64,7 +64,7 @@ from beam_supertable.store import ObjectStore
 from beam_supertable.iceberg import IcebergMetadata
 from beam_supertable._manifest_doc import (  # noqa: F401 - the document format, re-exported
     FORMAT_VERSION, HINT, META, PARTS, RECENT_TOKENS, TOKENS, VERSION_DIGITS, VERSIONS,
-    DEFAULT_TOKEN_RETENTION_S, TOKEN_INDEX, TOKEN_RETENTION, iso_of, token_retention_of,
+    DEFAULT_TOKEN_RETENTION_S, TOKEN_INDEX, TOKEN_RETENTION, epoch_of, iso_of, token_retention_of,
     CommitRequest, PartRef, Snapshot, _canonical, _entry_ids, _same_rows, commit_fingerprint,
     schema_from_text, schema_to_text, seal, unseal, version_of, version_path)
 from beam_supertable._manifest_tokens import (  # noqa: F401
@@ -146,9 +146,12 @@ class Manifest(TokenIndex, Vacuum):
         self.store = store
         self._parts: Dict[str, List[dict]] = {}
         self._sleep: Callable[[float], None] = time.sleep
-        # What commits stamp and vacuum measures ages by (tests move it forward).
-        self.clock: Callable[[], float] = time.time
         self.iceberg = IcebergMetadata(store, self.read_part, self.load)
+
+    def clock(self) -> float:
+        """Seconds since the epoch: what commits stamp and vacuum measures ages and
+        the token horizon by (replace it on an instance, or the class, to move time)."""
+        return time.time()
 
     # -- reading ---------------------------------------------------------
     def read_part(self, path: str) -> List[dict]:

@@ -16,8 +16,10 @@ from beam_supertable import deletes as dv
 from beam_supertable.errors import (
     NotATableError, SchemaMismatchError, TableExistsError)
 from beam_supertable.keys import check_primary_key
+from beam_supertable._manifest_doc import retention_seconds
 from beam_supertable.manifest import (
-    DEFAULT_MAX_RETRIES, CommitRequest, Manifest, Snapshot, VacuumReport, grace_seconds)
+    DEFAULT_MAX_RETRIES, DEFAULT_TOKEN_RETENTION_S, TOKEN_RETENTION, CommitRequest, Manifest,
+    Snapshot, grace_seconds)
 from beam_supertable.cache import DEFAULT_CACHE_BYTES, ByteCache
 from beam_supertable.filters import mask, pruned
 from beam_supertable.fts import index as fts_index
@@ -34,6 +36,7 @@ from beam_supertable.writer import (
 from beam_supertable._table_search import THIN_MIN_FACTOR, TableSearch  # noqa: F401
 from beam_supertable._table_write import APPEND_MEMORY_FACTOR, TableWrites  # noqa: F401
 from beam_supertable._table_iceberg import TableIceberg
+from beam_supertable._table_maintenance import TableMaintenance
 from beam_supertable import iceberg as iceberg_meta
 
 if TYPE_CHECKING:
@@ -48,7 +51,7 @@ Metric = Literal["l2", "cosine", "dot"]
 _LOG = logging.getLogger(__name__)
 
 
-class Supertable(TableWrites, TableSearch, TableIceberg):
+class Supertable(TableWrites, TableSearch, TableIceberg, TableMaintenance):
     """A table of immutable Parquet superfiles with vector and text indexes.
 
     Example::
@@ -97,7 +100,8 @@ class Supertable(TableWrites, TableSearch, TableIceberg):
                single_writer: bool = False,
                cache_bytes: int = DEFAULT_CACHE_BYTES,
                primary_key: Union[str, Sequence[str], None] = None,
-               iceberg: bool = True) -> "Supertable":
+               iceberg: bool = True, token_retention: Union[float, datetime.timedelta] = (
+                   DEFAULT_TOKEN_RETENTION_S)) -> "Supertable":
         """Creates an empty table.
 
         Args:
@@ -123,6 +127,8 @@ class Supertable(TableWrites, TableSearch, TableIceberg):
             cache_bytes: the handle's read cache budget (see the class note).
             iceberg: keep Apache Iceberg v2 metadata beside every version, so
                 Iceberg readers read the table (see ``iceberg_metadata_location``).
+            token_retention: how long a commit's token is remembered (seconds or
+                a ``timedelta``; 7 days): see ``set_token_retention``.
         """
         if mode not in CREATE_MODES:
             raise ValueError(f"{uri}: mode must be one of {CREATE_MODES}, got {mode!r}")
@@ -131,6 +137,7 @@ class Supertable(TableWrites, TableSearch, TableIceberg):
             n_cells=n_cells, replica_factor=replica_factor, stop_words=stop_words,
             target_superfile_bytes=target_superfile_bytes, primary_key=primary_key,
             iceberg=iceberg)
+        props[TOKEN_RETENTION] = retention_seconds(token_retention)
         store = ObjectStore(uri, storage_options, single_writer=single_writer)
         manifest = Manifest(store)
         if mode == "exist_ok":
@@ -441,20 +448,6 @@ class Supertable(TableWrites, TableSearch, TableIceberg):
                             frontier=self._frontier_arg(frontier, token), token=token,
                             metadata=metadata, base_version=self.version)
         return self.commit_superfiles((), mutation, max_retries=max_retries)
-
-    def vacuum(self, *, retain_versions: int = 10,
-               older_than: Union[float, datetime.timedelta, None] = None,
-               dry_run: bool = False) -> VacuumReport:
-        """Deletes versions and objects no retained version needs (see ``Manifest.vacuum``).
-
-        Args:
-            retain_versions: the newest versions kept (at least 1).
-            older_than: grace period (seconds or ``timedelta``); ``None`` means
-                the default grace (6 hours), ``0`` none.
-            dry_run: report what would go without deleting it.
-        """
-        return self._manifest.vacuum(retain_versions=retain_versions, older_than=older_than,
-                                     dry_run=dry_run)
 
     def optimize(self, *, target_file_bytes: int = 64 * 2**20, max_cell_rows: Optional[int] = None,
                  max_rewrite_bytes: Optional[int] = None, dry_run: bool = False,
