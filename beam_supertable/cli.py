@@ -208,6 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
     vacuum_options(vacuum, "vacuum")
     vacuum.add_argument("--dry-run", action="store_true",
                         help="print what would be deleted; delete nothing")
+    vacuum.add_argument("--token-retention", type=duration, default=None, metavar="DURATION",
+                        help="how long tokens are remembered; set on the table first "
+                             "(default: the table's token_retention, 7 days unless set)")
 
     iceberg = commands.add_parser(
         "iceberg", help="The table's Apache Iceberg metadata: sync, register.",
@@ -267,7 +270,8 @@ def _optimize(args: argparse.Namespace) -> Any:
 
 def _vacuum(args: argparse.Namespace) -> Any:
     report = _open(args).vacuum(retain_versions=args.retain_versions,
-                                older_than=args.older_than, dry_run=args.dry_run)
+                                older_than=args.older_than, dry_run=args.dry_run,
+                                token_retention=args.token_retention)
     doc = {"uri": args.uri, "dry_run": args.dry_run, **dataclasses.asdict(report)}
     verb = "would remove" if args.dry_run else "removed"
     kept = report.retained_versions
@@ -531,6 +535,16 @@ def format_inspection(report: Dict[str, Any]) -> str:
     if ref["missing"]:
         lines.append(f"  MISSING     {_plural(len(ref['missing']), 'referenced object')} not "
                      f"found, e.g. {ref['missing'][0]}")
+    kinds = storage.get("by_kind", {})
+    lines.append("  objects     " + ", ".join(
+        f"{kind.replace('_', ' ')} {k['objects']:,} ({_size(k['bytes'])})"
+        for kind, k in kinds.items() if k["objects"]))
+    tok = report.get("tokens")
+    if tok:
+        lines.append(f"  tokens      remembered {_duration_text(tok['retention_s'])}: reruns of "
+                     f"commits since {tok['horizon']} are deduplicated; "
+                     f"{_plural(tok['markers'], 'marker')}, "
+                     f"{_plural(tok['index_objects'], 'index object')}")
     rec, wait = vac["reclaimable"], vac["in_grace"]
     lines.append(f"  vacuum      would reclaim {_size(rec['bytes'])} "
                  f"({_plural(rec['objects'], 'object')}, {_plural(rec['versions'], 'version')}) "

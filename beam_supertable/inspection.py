@@ -17,10 +17,22 @@ vector, so it costs the same on a table of ten superfiles or ten thousand
                "superfiles_without_cell_rows"},
      "grids": [{"id", "current", "n_cells", "superfiles", "rows", "cells"}],
      "storage": {"objects", "bytes", "by_area": {area: {"objects", "bytes"}},
+                 "by_kind": {kind: {"objects", "bytes"}},
                  "referenced_by_latest": {"objects", "bytes", "missing"}},
+     "tokens": {"retention_s", "horizon", "markers", "index_objects"},
      "vacuum": {"retain_versions", "grace_s",
                 "reclaimable": {"versions", "objects", "bytes"},
                 "in_grace": {"objects", "bytes"}}}
+
+``by_kind`` sorts every object into one of ``KINDS``: versions, manifest parts,
+token markers, token index objects, superfiles (with their index objects),
+deletion vectors, id claims, Iceberg metadata, orphans (objects in the
+table's own areas that no version the reported vacuum keeps references: the
+leftovers of failed attempts and the files of versions it would remove) and
+other (the hint, grids, what is not ours). ``tokens.horizon`` is the horizon the
+latest version recorded when it committed (its commit time less the token
+retention): reruns of commits made since are deduplicated; at a later moment
+``t`` the horizon in force is ``t - retention_s``.
 
 Rows per cell count the rows stored in a cell (deleted ones included, until
 an optimize drops them); a superfile written before entries recorded
@@ -34,12 +46,18 @@ import datetime
 import statistics
 from typing import Any, Dict, Iterable, List, Optional, Union
 
-from beam_supertable.manifest import Manifest, Snapshot, version_of
+from beam_supertable import ids
+from beam_supertable.manifest import (
+    PARTS, TOKEN_INDEX, TOKENS, VERSIONS, Manifest, Snapshot, VacuumPlan,
+    token_retention_of, version_of)
 from beam_supertable.mutation import FRONTIER
 from beam_supertable.store import ObjectInfo, ObjectStore
 from beam_supertable.writer import TARGET_SUPERFILE_BYTES
 
-__all__ = ["inspect_table"]
+__all__ = ["KINDS", "inspect_table"]
+
+KINDS = ("versions", "parts", "token_markers", "token_index", "superfiles",
+         "deletion_vectors", "claims", "iceberg", "orphans", "other")
 
 # Where objects live under a table's root, for the storage breakdown.
 _AREAS = (("data", "data/"), ("deletes", "deletes/"), ("metadata", "_supertable/"),
@@ -50,6 +68,38 @@ def _area(path: str) -> str:
     if path.endswith(".pos.parquet"):
         return "iceberg"   # a deletion vector as an Iceberg position delete file
     return next((name for name, prefix in _AREAS if path.startswith(prefix)), "other")
+
+
+def _kind(path: str) -> str:
+    if path.endswith(".pos.parquet") or path.startswith("metadata/"):
+        return "iceberg"
+    for prefix, kind in ((VERSIONS + "/", "versions"), (PARTS + "/", "parts"),
+                         (TOKEN_INDEX + "/", "token_index"), (TOKENS + "/", "token_markers"),
+                         (ids.CLAIMS + "/", "claims"), ("data/", "superfiles"),
+                         ("deletes/", "deletion_vectors")):
+        if path.startswith(prefix):
+            return kind
+    return "other"
+
+
+def _by_kind(objects: List[ObjectInfo], plan: VacuumPlan) -> Dict[str, Dict[str, int]]:
+    unreferenced = {i.path for i in plan.removed_objects + plan.waiting_objects}
+    out = {kind: {"objects": 0, "bytes": 0} for kind in KINDS}
+    for o in objects:
+        kind = _kind(o.path)
+        if o.path in unreferenced and kind in ("parts", "superfiles", "deletion_vectors",
+                                               "other"):
+            kind = "orphans"
+        out[kind]["objects"] += 1
+        out[kind]["bytes"] += o.size
+    return out
+
+
+def _tokens(snapshot: Snapshot, objects: List[ObjectInfo]) -> Dict[str, Any]:
+    kinds = [_kind(o.path) for o in objects]
+    retention = token_retention_of(snapshot.properties)
+    return {"retention_s": retention, "horizon": snapshot.commit.get("token_horizon"),
+            "markers": kinds.count("token_markers"), "index_objects": kinds.count("token_index")}
 
 
 def inspect_table(uri: str, storage_options: Optional[dict] = None, *,
@@ -91,7 +141,9 @@ def inspect_table(uri: str, storage_options: Optional[dict] = None, *,
         "superfiles": _superfiles(snapshot, entries, sizes),
         "cells": _cells(entries),
         "grids": _grids(snapshot, entries),
-        "storage": _storage(manifest, snapshot, objects, sizes),
+        "storage": {**_storage(manifest, snapshot, objects, sizes),
+                    "by_kind": _by_kind(objects, plan)},
+        "tokens": _tokens(snapshot, objects),
         "vacuum": {
             "retain_versions": retain_versions,
             "grace_s": plan.grace_s,

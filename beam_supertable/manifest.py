@@ -64,7 +64,8 @@ from beam_supertable.store import ObjectStore
 from beam_supertable.iceberg import IcebergMetadata
 from beam_supertable._manifest_doc import (  # noqa: F401 - the document format, re-exported
     FORMAT_VERSION, HINT, META, PARTS, RECENT_TOKENS, TOKENS, VERSION_DIGITS, VERSIONS,
-    DEFAULT_TOKEN_RETENTION_S, TOKEN_INDEX, TOKEN_RETENTION, epoch_of, iso_of, token_retention_of,
+    DEFAULT_TOKEN_RETENTION_S, TOKEN_INDEX, TOKEN_RETENTION, epoch_of, iso_of,
+    token_retention_of,
     CommitRequest, PartRef, Snapshot, _canonical, _entry_ids, _same_rows, commit_fingerprint,
     schema_from_text, schema_to_text, seal, unseal, version_of, version_path)
 from beam_supertable._manifest_tokens import (  # noqa: F401

@@ -232,3 +232,23 @@ def test_plan_vacuum_is_what_vacuum_removes(tmp_path):
     assert Supertable.open(uri).count_rows() == sum(APPENDS) - DELETED
     with pytest.raises(ValueError, match="retain_versions"):
         manifest.plan_vacuum(retain_versions=0)
+
+
+def test_inspect_counts_objects_by_kind_and_reports_the_token_horizon(tmp_path):
+    uri = str(tmp_path / "t")
+    t = Supertable.create(uri, pa.schema([("x", pa.int64())]), token_retention=3600)
+    for i in range(5):
+        t.append(pa.table({"x": [i]}), token=f"slot-{i}")
+    (tmp_path / "t" / "data" / "failed-attempt.sf.parquet").write_bytes(b"x" * 10)
+    report = inspect_table(uri, older_than=0)
+    kinds = report["storage"]["by_kind"]
+    assert kinds["versions"]["objects"] == 6 and kinds["token_markers"]["objects"] == 5
+    assert kinds["claims"]["objects"] >= 1 and kinds["superfiles"]["objects"] == 5
+    assert kinds["orphans"] == {"objects": 1, "bytes": 10}
+    assert sum(k["objects"] for k in kinds.values()) == report["storage"]["objects"]
+    assert report["tokens"] == {"retention_s": 3600.0, "markers": 5, "index_objects": 0,
+                                "horizon": t.snapshot.commit["token_horizon"]}
+    t.vacuum(retain_versions=1, older_than=0)
+    kinds = inspect_table(uri, older_than=0)["storage"]["by_kind"]
+    assert kinds["versions"]["objects"] == 1 and kinds["orphans"]["objects"] == 0
+    assert kinds["token_markers"]["objects"] == 1 and kinds["token_index"]["objects"] == 1
