@@ -126,8 +126,8 @@ class Vacuum:
                     older_than: Union[float, datetime.timedelta, None] = None,
                     objects: Optional[Sequence[ObjectInfo]] = None,
                     now: Optional[float] = None,
-                    token_retention: Union[float, datetime.timedelta, None] = None
-                    ) -> "VacuumPlan":
+                    token_retention: Union[float, datetime.timedelta, None] = None,
+                    keep_versions: Sequence[int] = ()) -> "VacuumPlan":
         """What ``vacuum`` would delete now, without deleting or writing anything.
 
         Reads the version documents and manifest parts of the versions it
@@ -142,6 +142,8 @@ class Vacuum:
                 manifest's clock).
             token_retention: how long tokens are remembered (seconds or a
                 ``timedelta``); default: the latest version's ``token_retention``.
+            keep_versions: versions kept whatever their age (e.g. the version
+                a streaming upsert run started on and reads its priors at).
 
         Returns:
             The plan: versions and objects to remove, versions kept, and the
@@ -163,6 +165,7 @@ class Vacuum:
             if mtime is None or now - mtime < grace:
                 keep.add(v)
         keep.update(v for v in version_infos if v > latest)
+        keep.update(v for v in keep_versions if v in version_infos)
         referenced = {HINT}
         kept_at: Dict[int, Optional[float]] = {}
         retention = None if token_retention is None else retention_seconds(token_retention)
@@ -291,7 +294,8 @@ class Vacuum:
     def vacuum(self, *, retain_versions: int = 10,
                older_than: Union[float, datetime.timedelta, None] = None,
                dry_run: bool = False,
-               token_retention: Union[float, datetime.timedelta, None] = None) -> VacuumReport:
+               token_retention: Union[float, datetime.timedelta, None] = None,
+               keep_versions: Sequence[int] = ()) -> VacuumReport:
         """Deletes what no retained version references, once past the grace period,
         and token markers and index objects past the token horizon.
 
@@ -305,9 +309,10 @@ class Vacuum:
             dry_run: report without deleting (``plan_vacuum`` says more).
             token_retention: how long tokens are remembered (seconds or a
                 ``timedelta``); default: the table's ``token_retention``.
+            keep_versions: versions kept whatever their age (``plan_vacuum``).
         """
         plan = self.plan_vacuum(retain_versions=retain_versions, older_than=older_than,
-                                token_retention=token_retention)
+                                token_retention=token_retention, keep_versions=keep_versions)
         self.store.check_writable()
         if not dry_run:
             # The index first: a marker goes only once its token is folded.

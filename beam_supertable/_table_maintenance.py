@@ -8,7 +8,7 @@ within ``token_retention`` of the commit it repeats; later, it is a new commit.
 from __future__ import annotations
 
 import datetime
-from typing import Union
+from typing import Sequence, Union
 
 from beam_supertable.manifest import (
     DEFAULT_MAX_RETRIES, TOKEN_RETENTION, CommitRequest, VacuumReport)
@@ -51,7 +51,8 @@ class TableMaintenance:
     def vacuum(self, *, retain_versions: int = 10,
                older_than: Union[float, datetime.timedelta, None] = None,
                dry_run: bool = False,
-               token_retention: Union[Duration, None] = None) -> VacuumReport:
+               token_retention: Union[Duration, None] = None,
+               keep_versions: Sequence[int] = ()) -> VacuumReport:
         """Deletes versions and objects no retained version needs, and the token
         markers and index objects past the token horizon (see ``Manifest.vacuum``).
 
@@ -64,10 +65,14 @@ class TableMaintenance:
                 ``timedelta``). Given, it becomes the table's ``token_retention``
                 first (one commit when it changes; not with ``dry_run``), so
                 every later version records the horizon in force.
+            keep_versions: versions kept whatever their age, with every
+                object they reference (e.g. the version a streaming
+                ``UpsertToSupertable`` run started on: it reads priors there).
         """
         if token_retention is not None:
             retention_seconds(token_retention)
             if not dry_run:
                 self.set_token_retention(token_retention)
         return self._manifest.vacuum(retain_versions=retain_versions, older_than=older_than,
-                                     dry_run=dry_run, token_retention=token_retention)
+                                     dry_run=dry_run, token_retention=token_retention,
+                                     keep_versions=keep_versions)

@@ -46,6 +46,7 @@ the commits it made after that checkpoint instead of making them twice.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import uuid
 from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
@@ -64,6 +65,7 @@ from beam_supertable.vector.metric import check_metric
 from beam_supertable._upsert_apply import (
     _ApplyGrouped, _ApplyStateful, _ByShard, _KeysToArrow, _LatestPerKey, _TimesAbove)
 from beam_supertable._upsert_commit import _CommitBounded, _CommitStream
+from beam_supertable._maintenance_stage import _Maintain, check_maintenance
 from beam_supertable._upsert_table import (  # noqa: F401 - the tunables, re-exported
     ARROW_BATCH_ROWS, COMMIT_SLOT_US, FLAVORS, GRID_SAMPLE_ROWS, GROUP_SHARDS, INVALID_TAG,
     LOOKUP_BATCH_KEYS, METRICS, NAMESPACE, PUT, SHARD_PART_COMMANDS, VALIDATE_BATCH_ROWS,
@@ -135,6 +137,14 @@ class UpsertToSupertable(beam.PTransform):
         n_cells: the vector grid size of a table created here (default:
             about sqrt(rows of the first commit); see ``Supertable.create``).
         n_shards: superfiles per bounded commit (default: by input size).
+        auto_compact: compact behind the commits (``optimize``, on a
+            background thread: commits never wait) once this many superfiles
+            are small (under half the target size); ``True`` is 64. Off
+            (None) by default. See :mod:`beam_supertable._maintenance_stage`.
+        vacuum_every: vacuum behind the commits once per this much processing
+            time (seconds or ``timedelta``), keeping ``vacuum_retain_versions``
+            versions and a ``vacuum_older_than`` grace (default 6 hours: it
+            protects commits in flight). Off (None) by default.
 
     Note:
         Bounded input lands as ONE commit recording ``frontier`` = the
@@ -159,9 +169,15 @@ class UpsertToSupertable(beam.PTransform):
                  state_shards: int = DEFAULT_STATE_SHARDS,
                  tombstone_retention: Union[Duration, int, float] = Duration(
                      micros=DEFAULT_TOMBSTONE_RETENTION_US),
-                 n_cells: Optional[int] = None, n_shards: Optional[int] = None) -> None:
+                 n_cells: Optional[int] = None, n_shards: Optional[int] = None,
+                 auto_compact: Union[bool, int, None] = None,
+                 vacuum_every: Union[float, datetime.timedelta, None] = None,
+                 vacuum_retain_versions: int = 10,
+                 vacuum_older_than: Union[float, datetime.timedelta, None] = None) -> None:
         super().__init__(label)
         where = "UpsertToSupertable"
+        self._maintenance = check_maintenance(where, auto_compact, vacuum_every,
+                                              vacuum_retain_versions, vacuum_older_than)
         if not isinstance(uri, str) or not uri:
             raise ValueError(f"{where}: uri must be a non-empty str, got {uri!r}")
         if flavor not in FLAVORS:
@@ -284,6 +300,10 @@ class UpsertToSupertable(beam.PTransform):
                            Tuple[int, Any])
                        | "Commit" >> beam.ParDo(_CommitStream(s, run)).with_output_types(
                            CommitResult))
+        if self._maintenance[0] is not None or self._maintenance[1] is not None:
+            commits = commits | "Maintain" >> beam.ParDo(
+                _Maintain(s.uri, s.storage_options, *self._maintenance)
+            ).with_output_types(CommitResult)
         if not self._with_invalid:
             return commits
         return UpsertWriteResult(commits, tuple(invalid) | "Invalid" >> beam.Flatten())

@@ -31,7 +31,8 @@ landed token fail the pipeline with ``TokenReuseError``.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+import datetime
+from typing import Callable, Optional, Sequence, Union
 
 import apache_beam as beam
 import pyarrow as pa
@@ -40,6 +41,7 @@ from apache_beam.transforms.display import DisplayDataItem
 
 from beam_supertable.errors import NotATableError
 from beam_supertable.table import Supertable
+from beam_supertable._maintenance_stage import _Maintain, check_maintenance
 from beam_supertable._write_checks import (  # noqa: F401 - re-exported
     METRICS, ON_INVALID, Metric, OnInvalid, _check_arguments, _check_existing, _refuse_keyed)
 from beam_supertable._write_stages import (  # noqa: F401 - re-exported
@@ -104,6 +106,14 @@ class WriteToSupertable(beam.PTransform):
             can check that a retry neither loses nor doubles a row (see
             ``beam_supertable.testing.FailFirstAttempt``). It is pickled
             with the pipeline: use a picklable callable.
+        auto_compact: compact behind the commits (``optimize``, on a
+            background thread: commits never wait) once this many superfiles
+            are small (under half the target size); ``True`` is 64. Off
+            (None) by default. See :mod:`beam_supertable._maintenance_stage`.
+        vacuum_every: vacuum behind the commits once per this much processing
+            time (seconds or ``timedelta``), keeping ``vacuum_retain_versions``
+            versions and a ``vacuum_older_than`` grace (default 6 hours: it
+            protects commits in flight). Off (None) by default.
 
     Raises:
         ValueError, TypeError: a bad argument, or no table at ``uri`` and no
@@ -132,8 +142,14 @@ class WriteToSupertable(beam.PTransform):
                  batch_rows: int = DEFAULT_BATCH_ROWS,
                  grid_sample_rows: int = DEFAULT_GRID_SAMPLE_ROWS,
                  on_stage: Optional[Callable[[str, str], None]] = None,
-                 label: Optional[str] = None) -> None:
+                 label: Optional[str] = None,
+                 auto_compact: Union[bool, int, None] = None,
+                 vacuum_every: Union[float, datetime.timedelta, None] = None,
+                 vacuum_retain_versions: int = 10,
+                 vacuum_older_than: Union[float, datetime.timedelta, None] = None) -> None:
         super().__init__(label)
+        self._maintenance = check_maintenance("WriteToSupertable", auto_compact, vacuum_every,
+                                              vacuum_retain_versions, vacuum_older_than)
         _check_arguments(uri=uri, schema=schema, vector_column=vector_column, metric=metric,
                          fts_columns=fts_columns, n_cells=n_cells, n_shards=n_shards,
                          storage_options=storage_options, on_invalid=on_invalid,
@@ -215,6 +231,10 @@ class WriteToSupertable(beam.PTransform):
                        | "BuildAndCommit" >> beam.ParDo(_BuildAndCommit(
                            self._table, self._job_id, self._scope)
                        ).with_output_types(CommitResult))
+        if self._maintenance[0] is not None or self._maintenance[1] is not None:
+            commits = commits | "Maintain" >> beam.ParDo(
+                _Maintain(self._uri, self._options, *self._maintenance)
+            ).with_output_types(CommitResult)
         if not self._with_invalid:
             return commits
         return WriteResult(commits, batches[INVALID_TAG])

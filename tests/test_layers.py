@@ -43,7 +43,8 @@ SUPERTABLE_LAYERS = {
             "inspection"},
     BEAM: {"__init__", "__main__", "cli", "read", "write", "_write_checks", "_write_stages",
            "transforms", "upsert_write", "_upsert_table", "_upsert_validate",
-           "_upsert_apply", "_upsert_commit", "rag", "testing", "_testing_diff",
+           "_upsert_apply", "_upsert_commit", "_maintenance_stage", "rag", "testing",
+           "_testing_diff",
            "_testing_stream", "_testing_tables"},
     JOBS: {"jobs"},   # the templated jobs, whole; pipelines/ holds their repository entry points
 }
