@@ -541,8 +541,8 @@ def format_inspection(report: Dict[str, Any]) -> str:
         for kind, k in kinds.items() if k["objects"]))
     tok = report.get("tokens")
     if tok:
-        lines.append(f"  tokens      remembered {_duration_text(tok['retention_s'])}: reruns of "
-                     f"commits since {tok['horizon']} are deduplicated; "
+        lines.append(f"  tokens      remembered {_duration_text(tok['retention_s'])} (horizon "
+                     f"{tok['horizon']} at the latest commit); "
                      f"{_plural(tok['markers'], 'marker')}, "
                      f"{_plural(tok['index_objects'], 'index object')}")
     rec, wait = vac["reclaimable"], vac["in_grace"]

@@ -34,7 +34,7 @@ def _rows(*xs):
     return pa.table({"x": pa.array(xs, pa.int64())})
 
 
-def _table(uri, retention=HOUR):
+def _table(uri, retention: float = HOUR):
     return Supertable.create(uri, pa.schema([("x", pa.int64())]), token_retention=retention)
 
 
@@ -144,3 +144,53 @@ def test_a_dry_run_with_a_retention_commits_nothing(local_uri, clock):
     assert t.refresh().version == 1 and report.removed_objects == ()
     report = t.vacuum(older_than=0, dry_run=True)
     assert any(p.startswith(TOKENS) for p in report.removed_objects)
+
+
+# -- a soak ---------------------------------------------------------------------------
+# What one version leaves once maintenance ran: its document, its Iceberg objects (the
+# metadata file, the manifest list, a data manifest, version-hint.text), one manifest
+# part, the live superfile, its token marker, the latest-version hint, the id claim.
+KEPT_AFTER_MAINTENANCE = 11
+# Objects one tokened commit of one superfile adds: the version, its part, the
+# superfile, the marker and three Iceberg objects (metadata, list, data manifest);
+# and a merged manifest part (with its data manifest) every eighth commit.
+PER_COMMIT = 7.25
+
+
+@pytest.mark.slow
+def test_a_soak_of_tokened_commits_with_maintenance_stays_bounded(local_uri, clock):
+    """1,000 one-second commits, optimize and vacuum every 100, tokens remembered
+    for 300 s: the object count stays under a bound that does not grow with the
+    soak, every retained version reads right, a rerun inside the horizon is
+    deduplicated and one past it is committed again."""
+    from beam_supertable._manifest_tokens import INDEX_PERIODS
+    from beam_supertable.inspection import inspect_table
+    commits, every, retention = 1000, 100, 300
+    t = _table(local_uri, retention)
+    expected = {0: 0}
+    after, before = [], []
+    bound = KEPT_AFTER_MAINTENANCE + INDEX_PERIODS + 2
+    for i in range(commits):
+        clock.now += 1
+        expected[t.append(_rows(i, -i), token=f"slot-{i}")] = 2 * (i + 1)
+        if (i + 1) % every == 0:
+            before.append(len(t.store.list("")))
+            t.optimize()
+            t.vacuum(retain_versions=1, older_than=0)
+            expected[t.version] = 2 * (i + 1)
+            after.append(len(t.store.list("")))
+    assert max(after) <= bound, after
+    assert max(before) <= bound + PER_COMMIT * every, before
+    tokens = inspect_table(local_uri)["tokens"]
+    assert tokens["index_objects"] <= INDEX_PERIODS + 2 and tokens["markers"] <= every + 1
+    for v in [h["version"] for h in t.history()]:
+        rows = t.checkout(v).to_arrow(columns=["x"]).column("x").to_pylist()
+        assert len(rows) == expected[v] and sum(rows) == 0
+    latest = t.refresh().version
+    inside = commits - retention // 2
+    rerun = Supertable.open(local_uri)
+    assert rerun.append(_rows(inside, -inside), token=f"slot-{inside}") == latest
+    assert rerun.snapshot.deduplicated
+    past = Supertable.open(local_uri)
+    assert past.append(_rows(0, 0), token="slot-0") == latest + 1
+    assert not past.snapshot.deduplicated
