@@ -20,6 +20,8 @@ import dataclasses
 import hashlib
 import json
 import logging
+import threading
+from collections import OrderedDict
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from beam_supertable.errors import (
@@ -32,6 +34,9 @@ _LOG = logging.getLogger(__name__)
 
 INDEX_PERIODS = 8          # index objects a retention spans (one per period)
 MIN_INDEX_PERIOD_S = 60.0
+INDEX_CACHE_OBJECTS = 32   # index objects a process keeps decoded (LRU)
+_INDEX_CACHE: "OrderedDict[Tuple[str, str], List[list]]" = OrderedDict()
+_INDEX_LOCK = threading.Lock()
 
 
 def token_hash(token: str) -> str:
@@ -91,8 +96,6 @@ class TokenIndex:
     Mixed into :class:`~beam_supertable.manifest.Manifest`; uses its ``store``,
     ``clock``, ``_try_version`` and ``_snapshot``.
     """
-
-    _token_indexes: Dict[str, List[list]]
 
     def token_horizon(self, base: Snapshot) -> float:
         """Commits before this moment (epoch seconds) have had their tokens forgotten."""
@@ -191,17 +194,23 @@ class TokenIndex:
         return best
 
     def _index_entries(self, path: str) -> List[list]:
-        cache = self.__dict__.setdefault("_token_indexes", {})
-        cached = cache.get(path)
-        if cached is None:
-            try:
-                doc = unseal(self.store.get(path), f"{self.store.uri}/{path}")
-            except FileNotFoundError:
-                return []   # replaced by a merged object meanwhile; that one is listed too
-            if len(cache) >= 64:
-                cache.pop(next(iter(cache)))
-            cached = cache[path] = doc["entries"]
-        return cached
+        # Index objects never change: one cache for the process, so writers that
+        # open a fresh handle per commit (the Beam commit steps) read each once.
+        key = (self.store.uri, path)
+        with _INDEX_LOCK:
+            cached = _INDEX_CACHE.get(key)
+            if cached is not None:
+                _INDEX_CACHE.move_to_end(key)
+                return cached
+        try:
+            doc = unseal(self.store.get(path), f"{self.store.uri}/{path}")
+        except FileNotFoundError:
+            return []   # replaced by a merged object meanwhile; that one is listed too
+        with _INDEX_LOCK:
+            _INDEX_CACHE[key] = doc["entries"]
+            while len(_INDEX_CACHE) > INDEX_CACHE_OBJECTS:
+                _INDEX_CACHE.popitem(last=False)
+        return doc["entries"]
 
     def write_token_index(self, start: int, end: int, entries: List[list]) -> str:
         """Writes one index object (idempotent: its name is its content's digest)."""

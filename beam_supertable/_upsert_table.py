@@ -156,8 +156,9 @@ def _stream_pin(settings: _Settings, run: str) -> Tuple[int, Optional[int]]:
     table = _open_or_create(settings)
     prefix = _stream_token(settings, run, "")
     if any(t.startswith(prefix) for t in table.snapshot.recent_tokens):
-        for version in range(table.version, -1, -1):
-            commit = table.checkout(version).snapshot.commit
+        # Retained versions only: vacuum may have removed older ones (it keeps
+        # the start version when it runs behind this job: ``vacuum_every``).
+        for commit in reversed(table.history()):
             if str(commit.get("token") or "").startswith(prefix):
                 start = int(commit["metadata"]["start_version"])
                 return start, table.checkout(start).frontier
