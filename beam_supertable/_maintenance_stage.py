@@ -101,12 +101,12 @@ class _Maintainer:
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="supertable-maintenance")
         self.job: Optional[Future] = None
         self.last_vacuum = time.monotonic()
-        self.table: Optional[Supertable] = None
 
     def debt(self) -> int:
-        if self.table is None:
-            self.table = Supertable.open(self.uri, storage_options=self.options, cache_bytes=0)
-        return small_superfiles(self.table.refresh())
+        # A fresh handle each time: a handle kept for the life of a streaming job
+        # would keep every manifest part it ever read.
+        return small_superfiles(Supertable.open(self.uri, storage_options=self.options,
+                                                cache_bytes=0))
 
     def settle(self, wait: bool, failures=None) -> bool:
         """Whether no job runs (after collecting a finished one's outcome)."""

@@ -7,7 +7,8 @@ Each commit appends 3 rows under its own token (``slot-<i>``), on a table with
 ``token_retention`` of one hour whose clock (``Manifest.clock``) moves one second per
 commit, as a streaming writer committing once a second would see it; the soak spans
 10,000 s, so the token horizon passes most of it. With maintenance, every ``--every``
-commits run ``optimize()`` and ``vacuum(retain_versions=1, older_than=0)``. Reported:
+commits run ``optimize()`` and ``vacuum(retain_versions=1, older_than=0)``; the versions
+retained before the last round are checked first. Reported:
 objects and metadata bytes by kind at the end, the most objects seen right after a
 maintenance round and right before one, commit p50/p99 over the first and the last
 ``--every`` commits; then checks: every retained version holds the rows it should, a
@@ -75,7 +76,11 @@ def soak(uri: str, commits: int, every: int, maintain: bool) -> dict:
         v = t.append(_rows(i), token=f"slot-{i}")
         times.append(time.perf_counter() - t0)
         expected[v] = (i + 1) * ROWS
+        if not maintain and i + 1 == commits:
+            wrong = _wrong_versions(t, expected)
         if maintain and (i + 1) % every == 0:
+            if i + 1 == commits:
+                wrong = _wrong_versions(t, expected)   # the last stretch, before it goes
             before.append(_count(uri))
             t.optimize()
             t.vacuum(retain_versions=1, older_than=0)
@@ -89,35 +94,33 @@ def soak(uri: str, commits: int, every: int, maintain: bool) -> dict:
                                    float(np.percentile(first, 99))],
                          "end": [float(np.percentile(last, 50)),
                                  float(np.percentile(last, 99))]}}
-    out["checks"] = _checks(uri, t, commits, expected, clock)
+    out["checks"] = _checks(uri, commits, wrong)
     return out
 
 
-def _checks(uri: str, t: Supertable, commits: int, expected: dict, clock: _Clock) -> dict:
+def _wrong_versions(t: Supertable, expected: dict) -> dict:
+    """Every retained version's row count, and the rows of twenty of them."""
     retained = [h["version"] for h in t.history()]
-    wrong = []
-    for v in retained:
-        handle = t.checkout(v)
-        rows = handle.count_rows()
-        if rows != expected[v]:
-            wrong.append(v)
-    sample = retained[:: max(1, len(retained) // 20)] + retained[-1:]
-    for v in sample:
+    wrong = [v for v in retained if t.checkout(v).count_rows() != expected[v]]
+    for v in retained[:: max(1, len(retained) // 20)] + retained[-1:]:
         got = t.checkout(v).to_arrow(columns=["x"]).column("x").to_pylist()
         if sorted(got) != list(range(expected[v])):
             wrong.append(v)
+    return {"retained_versions": len(retained), "wrong_versions": sorted(set(wrong))}
+
+
+def _checks(uri: str, commits: int, wrong: dict) -> dict:
     latest = Supertable.open(uri)
     inside = commits - min(RETENTION_S, commits) // 2    # half a horizon ago
     landed = latest.version
-    again = latest.append(_rows(inside), token=f"slot-{inside}")
-    deduplicated = latest.snapshot.deduplicated and again == landed
+    latest.append(_rows(inside), token=f"slot-{inside}")
+    deduplicated = latest.snapshot.deduplicated and Supertable.open(uri).version == landed
     past = Supertable.open(uri)
     v = past.append(_rows(0), token="slot-0")   # `commits` seconds ago
     committed_again = not past.snapshot.deduplicated and v == landed + 1
     if commits <= RETENTION_S:
         committed_again = None   # slot 0 is still inside the horizon: nothing to check
-    return {"retained_versions": len(retained), "wrong_versions": sorted(set(wrong)),
-            "rerun_inside_deduplicated": deduplicated,
+    return {**wrong, "rerun_inside_deduplicated": deduplicated,
             "rerun_past_committed_again": committed_again}
 
 

@@ -294,3 +294,18 @@ def test_cli_on_a_store_without_credentials_is_one_line_no_traceback(tmp_path, s
     assert "Traceback" not in result.stderr, result.stderr
     errors = [line for line in result.stderr.splitlines() if "error" in line]
     assert len(errors) == 1 and "s3://no-credentials/t" in errors[0], result.stderr
+
+
+def test_vacuum_token_retention_sets_the_table_property_and_inspect_shows_it(tmp_path):
+    uri = str(tmp_path / "t")
+    t = Supertable.create(uri, pa.schema([("x", pa.int64())]))
+    t.append(pa.table({"x": [1]}), token="a")
+    done = run_cli("vacuum", uri, "--token-retention", "2h", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["token_horizon"] is not None
+    assert Supertable.open(uri).token_retention == datetime.timedelta(hours=2)
+    shown = run_cli("inspect", uri)
+    assert shown.returncode == 0, shown.stderr
+    assert "tokens      remembered 2h" in shown.stdout and "token markers 1" in shown.stdout
+    bad = run_cli("vacuum", uri, "--token-retention", "0s")
+    assert bad.returncode == 1 and "token_retention must be a positive" in bad.stderr
