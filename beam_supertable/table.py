@@ -34,6 +34,7 @@ from beam_supertable.writer import (
 from beam_supertable._table_search import THIN_MIN_FACTOR, TableSearch  # noqa: F401
 from beam_supertable._table_write import APPEND_MEMORY_FACTOR, TableWrites  # noqa: F401
 from beam_supertable._table_iceberg import TableIceberg
+from beam_supertable._table_changes import TableChanges
 from beam_supertable import iceberg as iceberg_meta
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ Metric = Literal["l2", "cosine", "dot"]
 _LOG = logging.getLogger(__name__)
 
 
-class Supertable(TableWrites, TableSearch, TableIceberg):
+class Supertable(TableWrites, TableSearch, TableIceberg, TableChanges):
     """A table of immutable Parquet superfiles with vector and text indexes.
 
     Example::
