@@ -10,32 +10,32 @@ Bounded (an ``end_version`` the table has reached): the versions' units
 (a new superfile's insertions, one superfile's retractions) are planned once and
 read in parallel, one unit per element.
 
-Tailing (no ``end_version``, or one not reached yet): a splittable DoFn whose
-restriction is the range of versions still to emit. It claims the next version
-when it lands, emits that version's changes in order (so each key's changes
-arrive in version order), and defers itself by ``poll_interval`` while no
-version is there. A runner that checkpoints the restriction (Flink) restarts at
-the first version not yet emitted: none is lost, none repeated. The watermark
-follows commit times; while the table is idle it follows the wall clock, since a
-version committed later carries a later time (an element is never stamped below
-the watermark: a writer whose clock is behind is stamped at the watermark).
+Tailing (no ``end_version``, or one not reached yet): one stateful reader
+whose state is the next version to emit, driven by a chain of event-time timers.
+Each firing emits the versions that have landed, in order (so each key's changes
+arrive in version order), or waits ``poll_interval`` when none has. A runner
+that checkpoints state and timers (Flink) restarts at the first version not yet
+emitted: none is lost, none repeated. The watermark follows commit times; while
+the table is idle it follows the wall clock, since a version committed later
+carries a later time (an element is never stamped below the watermark: a
+version whose writer's clock is behind is stamped at the watermark).
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any, Dict, Optional, Sequence, Union
 
 import apache_beam as beam
 import pyarrow as pa
 import pyarrow.compute as pc
-from apache_beam.io.restriction_trackers import OffsetRange, OffsetRestrictionTracker
+from apache_beam import coders
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.display import DisplayDataItem
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Duration, Timestamp
-from apache_beam.io.watermark_estimators import ManualWatermarkEstimator
+from apache_beam.transforms.timeutil import TimeDomain
+from apache_beam.transforms.userstate import ReadModifyWriteStateSpec, TimerSpec, on_timer
 
 from beam_supertable import changes as feed
 from beam_supertable.errors import VersionNotFoundError
@@ -46,6 +46,7 @@ from beam_upsert.model import Change
 __all__ = ["DEFAULT_POLL_INTERVAL", "ReadChangesFromSupertable"]
 
 DEFAULT_POLL_INTERVAL = 1.0   # seconds between looks for a new version while tailing
+VERSIONS_PER_FIRING = 16      # versions one timer firing emits at most while catching up
 NAMESPACE = "beam_supertable"
 LATEST = "latest"
 
@@ -103,74 +104,78 @@ class _ReadUnits(beam.DoFn):
             yield TimestampedValue(change, stamp)
 
 
-class _TailChanges(beam.DoFn, beam.transforms.core.RestrictionProvider):
-    """Emits each version's changes as it lands; its restriction is the versions still to
-    emit, ``[next, end + 1)`` (open-ended without an end), held by one reader."""
+class _TailChanges(beam.DoFn):
+    """Polls the table and emits each new version's changes, in version order.
+
+    One stateful key. Its state is the next version to emit; a chain of
+    event-time timers drives the polling: each firing emits the versions that
+    have landed (at most ``VERSIONS_PER_FIRING``, so checkpoints pass between
+    firings), or waits ``poll_interval`` once when none has, then sets the
+    next timer. The timer's time holds the output watermark: it is the commit
+    time of the last version emitted, or the wall clock while the table is
+    idle. (Event-time timers, not a splittable DoFn's deferred remainder nor
+    processing-time timers: behind an Impulse the input watermark is +inf at
+    once, and portable Flink resumes neither of those then.)
+    """
+
+    NEXT = ReadModifyWriteStateSpec("next_version", coders.VarIntCoder())
+    TICK = TimerSpec("poll", TimeDomain.WATERMARK)
 
     def __init__(self, settings: _Settings, start: int, end: Optional[int],
                  poll_interval: float) -> None:
         self._s, self._start, self._end, self._poll = settings, start, end, poll_interval
 
-    # -- the restriction -------------------------------------------------
-    def initial_restriction(self, element):
-        return OffsetRange(self._start + 1, sys.maxsize if self._end is None else self._end + 1)
-
-    def create_tracker(self, restriction):
-        return OffsetRestrictionTracker(restriction)
-
-    def restriction_size(self, element, restriction):
-        return 1   # unknown until the versions land
-
-    def split(self, element, restriction):
-        yield restriction   # versions are emitted in order, by one reader
-
-    def truncate(self, element, restriction):
-        return None   # a drained pipeline stops tailing
-
-    # -- the work --------------------------------------------------------
     def setup(self):
         self._table = self._s.open()
         self._before = None   # the last version emitted: the next one's predecessor
         self._count = Metrics.counter(NAMESPACE, "changes_read")
         self._landed = Metrics.counter(NAMESPACE, "versions_read")
 
-    @beam.DoFn.unbounded_per_element()
-    def process(self, element,
-                tracker=beam.DoFn.RestrictionParam(),
-                watermark=beam.DoFn.WatermarkEstimatorParam(
-                    ManualWatermarkEstimator.default_provider())):
-        version = tracker.current_restriction().start
+    def process(self, element, next_version=beam.DoFn.StateParam(NEXT),
+                tick=beam.DoFn.TimerParam(TICK)):
+        if next_version.read() is None:
+            next_version.write(self._start + 1)
+            tick.set(Timestamp(micros=feed.commit_micros(feed.load(self._table, self._start))),
+                     dynamic_timer_tag="0")
+
+    @on_timer(TICK)
+    def poll(self, fired=beam.DoFn.TimestampParam, tag=beam.DoFn.DynamicTimerTagParam,
+             next_version=beam.DoFn.StateParam(NEXT), tick=beam.DoFn.TimerParam(TICK)):
+        version, floor = next_version.read(), fired
         manifest = self._table.snapshot.manifest
-        while True:
+        doc = manifest._try_version(version)
+        if doc is None:
+            time.sleep(self._poll)
             doc = manifest._try_version(version)
-            if doc is None:
-                # Idle: a version committed from now on carries a later time.
-                now = Timestamp(micros=int(time.time() * 1_000_000))
-                floor = watermark.current_watermark()
-                if floor is None or now > floor:
-                    watermark.set_watermark(now)
-                tracker.defer_remainder(Duration(self._poll))
-                return
-            if not tracker.try_claim(version):
-                return
+        idle = doc is None
+        for _ in range(VERSIONS_PER_FIRING):
+            if doc is None or (self._end is not None and version > self._end):
+                break
             after = manifest._snapshot(doc)
-            before = self._before
-            if before is None or before.version != version - 1:
-                before = feed.load(self._table, version - 1)
-            floor = watermark.current_watermark()
-            stamp = Timestamp(micros=feed.commit_micros(after))
-            if floor is not None and stamp < floor:
-                stamp = floor
-            for unit in feed.version_units(before, after):
-                rows = feed.read_unit(self._table, unit, before.schema, self._s.columns,
-                                      self._s.filter)
-                self._count.inc(rows.num_rows)
-                for change in _changes_of(rows, self._s):
-                    yield TimestampedValue(change, stamp)
-            watermark.set_watermark(stamp)
-            self._landed.inc()
-            self._before = after
-            version += 1
+            stamp = max(floor, Timestamp(micros=feed.commit_micros(after)))
+            yield from self._emit(after, stamp)
+            floor, version = stamp, version + 1
+            doc = manifest._try_version(version)
+        next_version.write(version)
+        if self._end is not None and version > self._end:
+            return   # every version asked for is out
+        # Idle: a version committed from now on carries a later time.
+        now = Timestamp(micros=int(time.time() * 1_000_000))
+        at = max(floor + Duration(micros=1), now if idle else floor)
+        tick.set(at, dynamic_timer_tag=str(int(tag) + 1))
+
+    def _emit(self, after, stamp):
+        before = self._before
+        if before is None or before.version != after.version - 1:
+            before = feed.load(self._table, after.version - 1)
+        for unit in feed.version_units(before, after):
+            rows = feed.read_unit(self._table, unit, before.schema, self._s.columns,
+                                  self._s.filter)
+            self._count.inc(rows.num_rows)
+            for change in _changes_of(rows, self._s):
+                yield TimestampedValue(change, stamp)
+        self._landed.inc()
+        self._before = after
 
 
 class ReadChangesFromSupertable(beam.PTransform):
@@ -254,10 +259,13 @@ class ReadChangesFromSupertable(beam.PTransform):
                     | "PlanUnits" >> beam.ParDo(_PlanUnits(self._settings, self._start, self._end))
                     | "Spread" >> beam.Reshuffle()
                     | "ReadUnits" >> beam.ParDo(_ReadUnits(self._settings)))
-        return (pbegin
-                | "Start" >> beam.Impulse()
-                | "Tail" >> beam.ParDo(_TailChanges(self._settings, self._start, self._end,
-                                                    self._poll)))
+        changes = (pbegin
+                   | "Start" >> beam.Create([("tail", None)])
+                   | "Tail" >> beam.ParDo(_TailChanges(self._settings, self._start, self._end,
+                                                       self._poll)))
+        if self._end is None:
+            changes.is_bounded = False
+        return changes
 
     def display_data(self) -> Dict[str, Any]:
         return {"uri": DisplayDataItem(self._settings.uri, label="Table"),
