@@ -29,6 +29,7 @@ from beam_supertable._optimize_plan import OPERATION as OPTIMIZE
 from beam_supertable.errors import SchemaMismatchError, VersionNotFoundError
 from beam_supertable.filters import mask, pruned
 from beam_supertable.schema import ID
+from beam_supertable.writer import DATA
 
 __all__ = ["CHANGE", "COMMIT_TIMESTAMP", "VERSION", "change_columns", "changes",
            "commit_micros", "consolidate", "plan", "read_unit", "versions_between"]
@@ -116,6 +117,27 @@ def _entries_by_id(snapshot: Snapshot, parts: Sequence) -> Dict[str, dict]:
     return out
 
 
+def _superfiles_changed(before: Snapshot, after: Snapshot
+                        ) -> Tuple[Dict[str, dict], Dict[str, dict]]:
+    """The superfile entries ``after`` added and removed, by id."""
+    own = after.commit.get("part")
+    added = after.totals.get("superfiles", 0) - before.totals.get("superfiles", 0)
+    if own is None and [p.path for p in after.parts] == [p.path for p in before.parts]:
+        return {}, {}   # a delete: deletion vectors only
+    if isinstance(own, str):
+        entries = after.manifest.read_part(own)
+        if added == len(entries):   # nothing removed: the commit's own part is the news
+            return {e["id"]: e for e in entries}, {}
+    # Parts a version shares with its predecessor hold the same entries: only
+    # the parts that differ are read (a merged part re-lists old entries).
+    old_parts = {p.path for p in before.parts}
+    new_parts = {p.path for p in after.parts}
+    gained = _entries_by_id(after, [p for p in after.parts if p.path not in old_parts])
+    lost = _entries_by_id(before, [p for p in before.parts if p.path not in new_parts])
+    return ({k: v for k, v in gained.items() if k not in lost},
+            {k: v for k, v in lost.items() if k not in gained})
+
+
 def version_units(before: Snapshot, after: Snapshot) -> List[dict]:
     """The units of what ``after`` changed on ``before`` (its direct predecessor)."""
     if after.commit.get("operation") == OPTIMIZE:
@@ -125,34 +147,36 @@ def version_units(before: Snapshot, after: Snapshot) -> List[dict]:
             f"changes: version {after.version} changed the table's schema; read the changes "
             f"up to version {before.version} and from version {after.version} separately")
     stamp = commit_micros(after)
-    # Parts a version shares with its predecessor hold the same entries: only
-    # the parts that differ are read (a merged part re-lists old entries).
-    old_parts = {p.path for p in before.parts}
-    new_parts = {p.path for p in after.parts}
-    gained = _entries_by_id(after, [p for p in after.parts if p.path not in old_parts])
-    lost = _entries_by_id(before, [p for p in before.parts if p.path not in new_parts])
+    gained, lost = _superfiles_changed(before, after)
     units = []
     index: Dict[str, dict] = {}
+    store = after.manifest.store
 
     def find(sid: str) -> dict:
-        if not index:
-            index.update((e["id"], e) for e in after.entries())
-        return index[sid]
+        # A superfile gaining a deletion vector is found by its object, named
+        # after its id (``writer``), rather than by reading every part.
+        path = f"{DATA}/{sid}.sf.parquet"
+        try:
+            return {"id": sid, "path": path, "bytes": store.head(path).size}
+        except FileNotFoundError:
+            if not index:
+                index.update((e["id"], e) for e in after.entries())
+            return index[sid]
 
     def unit(diff: int, entry: dict, exclude: Sequence[str], take: Sequence[str] = ()) -> dict:
         return {"version": after.version, "timestamp": stamp, "diff": diff, "entry": entry,
                 "exclude": list(exclude), "take": list(take)}
 
-    for sid in sorted(set(lost) - set(gained)):
+    for sid in sorted(lost):
         units.append(unit(-1, lost[sid], before.deletes.get(sid, ())))
     for sid, paths in sorted(after.deletes.items()):
-        if sid in gained and sid not in lost:
+        if sid in gained:
             continue   # a superfile new in this version: its deletions are not retractions
         had = before.deletes.get(sid, [])
         fresh = [p for p in paths if p not in had]
         if fresh:
-            units.append(unit(-1, gained.get(sid) or find(sid), had, fresh))
-    for sid in sorted(set(gained) - set(lost)):
+            units.append(unit(-1, find(sid), had, fresh))
+    for sid in sorted(gained):
         units.append(unit(+1, gained[sid], after.deletes.get(sid, ())))
     return units
 
@@ -181,7 +205,7 @@ def read_unit(handle: TableHandle, unit: dict, table_schema: pa.Schema, names: S
     entry = unit["entry"]
     wanted = [ID] + [n for n in names if n != ID]
     schema = output_schema(table_schema, wanted[1:])
-    if not pruned([entry], filter, table_schema):
+    if "stats" in entry and not pruned([entry], filter, table_schema):
         return schema.empty_table()
     read = None if filter is not None else wanted
     reader = handle._reader(entry)
