@@ -83,8 +83,13 @@ class _PlanUnits(beam.DoFn):
 
     def process(self, _):
         table = self._s.open()
-        for _, units in feed.plan(table, self._start, self._end):
-            yield from units
+        first = feed.load(table, self._start)
+        floor = feed.commit_micros(first)
+        for after, units in feed.plan(table, self._start, self._end, first):
+            # Times never go back with the version (a writer's clock may be behind).
+            floor = max(floor, feed.commit_micros(after))
+            for unit in units:
+                yield {**unit, "timestamp": floor}
 
 
 class _ReadUnits(beam.DoFn):

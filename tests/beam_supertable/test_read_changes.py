@@ -222,3 +222,17 @@ def test_upsert_to_supertable_then_the_change_feed_is_the_upsert_changelog(tmp_p
 def _same_nets(pairs):
     (upsert, feed), = pairs
     assert list(upsert) == list(feed), f"Upsert: {upsert}\nfeed:   {feed}"
+
+
+def test_the_example_embeds_only_the_documents_that_changed(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "examples.change_feed", "--dir",
+                          str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert out == [
+        "sync of document versions 0..1: embedded 4, deleted 0; embeddings of "
+        "['bread', 'cats', 'rockets', 'tides']",
+        "sync of document versions 1..3: embedded 2, deleted 1; embeddings of "
+        "['bread', 'cats', 'tides', 'volcanoes']",
+        "sync of document versions 3..3: embedded 0, deleted 0; embeddings of "
+        "['bread', 'cats', 'tides', 'volcanoes']",
+        "nearest to 'sourdough starter yeast': bread"]
