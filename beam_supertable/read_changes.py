@@ -268,8 +268,7 @@ class ReadChangesFromSupertable(beam.PTransform):
                    | "Start" >> beam.Create([("tail", None)])
                    | "Tail" >> beam.ParDo(_TailChanges(self._settings, self._start, self._end,
                                                        self._poll)))
-        if self._end is None:
-            changes.is_bounded = False
+        changes.is_bounded = False   # it arrives as the table's versions land
         return changes
 
     def display_data(self) -> Dict[str, Any]:
