@@ -318,7 +318,7 @@ class TableSearch:
             uniq, inverse = np.unique(rows[mask], return_inverse=True)
             reader = self._reader(entries[si])
             if names:
-                parts.append(reader.take(uniq, columns=[ID] + list(names)))
+                parts.append(reader.take_kept(uniq, [ID] + list(names)))
             else:
                 parts.append(pa.table({ID: reader.ids_of(uniq)}))
             where[mask] = base + inverse
