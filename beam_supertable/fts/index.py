@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from beam_supertable.fts.tokenize import tokenize_column
+from beam_supertable.fts.analysis import Analyzer, as_analyzer
 
 BLOOM_BITS_PER_TERM = 10
 BLOOM_HASHES = 7
@@ -38,9 +38,13 @@ def row_texts(table: pa.Table, columns: Sequence[str]) -> pa.Array:
     return pc.binary_join_element_wise(*cols, " ")
 
 
-def build(texts, stop_words: FrozenSet[str] = frozenset()) -> Tuple[bytes, Dict]:
-    """Index bytes and the manifest summary for one superfile's rows (vectorized)."""
-    flat, rows = tokenize_column(texts, stop_words)
+def build(texts, analysis: Union[Analyzer, FrozenSet[str]] = frozenset()) -> Tuple[bytes, Dict]:
+    """Index bytes and the manifest summary for one superfile's rows (vectorized).
+
+    ``analysis``: the table's :class:`Analyzer` (or, as before analysis, the
+    stop words of the plain tokenizer).
+    """
+    flat, rows = as_analyzer(analysis).tokenize_column(texts)
     n = len(texts)
     lengths = np.bincount(rows, minlength=n).astype(np.int32)
     pairs = pa.table({"term": flat, "row": pa.array(rows.astype(np.int32))})

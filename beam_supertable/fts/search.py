@@ -7,7 +7,8 @@ from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tupl
 import numpy as np
 
 from beam_supertable.fts import index as fts_index
-from beam_supertable.fts.tokenize import contains_phrase, parse_query, tokenize_many
+from beam_supertable.fts.analysis import as_analyzer
+from beam_supertable.fts.tokenize import contains_phrase
 
 
 
@@ -32,7 +33,7 @@ def rrf(rankings: Sequence[Sequence[Tuple[int, int]]], k: int) -> List[Tuple[flo
 
 
 def text_candidates(entries: Sequence[dict], collection: Sequence[dict], query: str, k: int,
-                    fts_columns: Sequence[str], stop_words,
+                    fts_columns: Sequence[str], analysis,
                     reader_of: Callable[[dict], TextSource],
                     bloom_of: Callable[[dict], bytes],
                     allowed: Optional[Callable[[int, np.ndarray], np.ndarray]] = None,
@@ -48,6 +49,8 @@ def text_candidates(entries: Sequence[dict], collection: Sequence[dict], query: 
             depend on how the rows were split into superfiles, on what a
             filter or the bloom filters skip, or on whether deleted rows
             are still in the superfiles (before ``optimize``) or gone.
+        analysis: the table's analyzer (``fts.analysis.analyzer_of``), or
+            the stop words of the plain tokenizer.
         reader_of: opens a superfile (only those that may hold a term).
         bloom_of: a superfile's decoded term bloom filter.
         allowed: ``allowed(superfile, rows) -> mask`` of rows that may be
@@ -57,7 +60,8 @@ def text_candidates(entries: Sequence[dict], collection: Sequence[dict], query: 
             row is deleted anywhere. Their share of the statistics is taken
             off: rows, length, and from each query term's postings.
     """
-    terms, required, phrases = parse_query(query, stop_words)
+    analyzer = as_analyzer(analysis)
+    terms, required, phrases = analyzer.parse_query(query)
     if not terms or not entries:
         return []
     n_docs = sum(e["text"]["rows"] for e in collection)
@@ -93,7 +97,7 @@ def text_candidates(entries: Sequence[dict], collection: Sequence[dict], query: 
                 texts = fts_index.row_texts(reader.take(rows, columns=list(fts_columns)),
                                             fts_columns)
                 ok = np.array([all(contains_phrase(toks, ph) for ph in phrases)
-                               for toks in tokenize_many(texts.to_pylist(), stop_words)],
+                               for toks in analyzer.tokenize_many(texts.to_pylist())],
                               dtype=bool)
             if allowed is not None and ok.any():
                 ok[ok] = allowed(si, rows[ok])
