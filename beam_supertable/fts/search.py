@@ -21,6 +21,7 @@ class TextSource(Protocol):
 
 RRF_K = 60
 CHECK_BATCH_MIN = 64   # rows checked (phrases, filter) at a time at first, per superfile
+DENSE_SHARE = 8        # postings above 1/8 of a superfile's rows: scores in a dense array
 
 
 def rrf(rankings: Sequence[Sequence[Tuple[int, int]]], k: int) -> List[Tuple[float, Tuple[int, int]]]:
@@ -136,35 +137,68 @@ def _superfile_top(ix, terms: Sequence[str], must, df: Dict[str, int], n_docs: i
     Rows are ranked by score and checked (phrases, filter) a growing batch at
     a time, so only about ``k`` rows are kept and only the best are read.
     """
-    scores = np.zeros(len(ix.lengths), dtype=np.float64)
-    hits = np.zeros(len(ix.lengths), dtype=bool)
-    for t in terms:
-        p = ix.postings(t)
-        if p is None:
-            continue
-        rows, tf = p
-        scores[rows] += fts_index.bm25(tf.astype(np.float64), ix.lengths[rows], df[t], n_docs, avg)
-        hits[rows] = True
-    for t in must:
-        p = ix.postings(t)
-        present = np.zeros(len(ix.lengths), dtype=bool)
-        if p is not None:
-            present[p[0]] = True
-        hits &= present
-    rows = np.flatnonzero(hits)
+    found = [(t, ix.postings(t)) for t in terms]
+    found = [(t, p) for t, p in found if p is not None]
+    if not found or any(ix.postings(t) is None for t in must):
+        return []
+    rows, scores = _scored(ix, found, must, df, n_docs, avg)
     if check is None and len(rows) > k:
         # The k best without sorting every hit: all rows scoring at least the
         # k-th best score (ties included), then an exact sort of those.
-        kth = np.partition(-scores[rows], k - 1)[k - 1]
-        rows = rows[-scores[rows] <= kth]
-    order = rows[np.lexsort((rows, -scores[rows]))]
+        kth = np.partition(-scores, k - 1)[k - 1]
+        best = -scores <= kth
+        rows, scores = rows[best], scores[best]
+    at = np.lexsort((rows, -scores))
+    order, scores = rows[at], scores[at]
     if check is None:
-        return [(float(scores[r]), int(r)) for r in order[:k]]
+        return list(zip(scores[:k].tolist(), order[:k].tolist()))
     kept: List[int] = []
     pos, step = 0, max(k, CHECK_BATCH_MIN)
     while pos < len(order) and len(kept) < k:
         batch = order[pos:pos + step]
-        kept.extend(batch[check(batch)].tolist())
+        kept.extend((pos + np.flatnonzero(check(batch))).tolist())
         pos += len(batch)
         step *= 2
-    return [(float(scores[r]), int(r)) for r in kept[:k]]
+    return [(float(scores[i]), int(order[i])) for i in kept[:k]]
+
+
+def _scored(ix, found, must, df: Dict[str, int], n_docs: int, avg: float
+            ) -> Tuple[np.ndarray, np.ndarray]:
+    """The rows holding a query term and every ``must`` term (ascending), and their scores.
+
+    A row's score adds its terms' BM25 in query-term order, starting from 0,
+    whichever way it is summed: a dense array over every row when the postings
+    cover much of the superfile, else the postings alone (a query of rare
+    words then costs what its postings cost, not what the superfile's rows do).
+    """
+    posted = [p[0] for _, p in found]
+    flat = np.concatenate(posted) if len(posted) > 1 else posted[0]
+    idf = np.repeat([fts_index.bm25_idf(df[t], n_docs) for t, _ in found],
+                    [len(r) for r in posted])
+    tf64 = ix.tf_float()
+    spans = [ix.span(t) for t, _ in found]
+    tf = np.concatenate([tf64[s:e] for s, e in spans]) if len(spans) > 1 else \
+        tf64[spans[0][0]:spans[0][1]]
+    each = fts_index.bm25_postings(tf, ix.length_norm(avg)[flat], idf)
+    needed = [i for i, (t, _) in enumerate(found) if t in must]
+    if len(flat) * DENSE_SHARE > len(ix.lengths):
+        scores = np.zeros(len(ix.lengths), dtype=np.float64)
+        hits = np.zeros(len(ix.lengths), dtype=np.int32)
+        at = 0
+        for i, r in enumerate(posted):
+            scores[r] += each[at:at + len(r)]
+            if not needed or i in needed:
+                hits[r] += 1
+            at += len(r)
+        rows = np.flatnonzero(hits >= max(1, len(needed)))
+        return rows, scores[rows]
+    if len(posted) == 1:
+        return flat, each + 0.0   # (0 + score, as the dense sum)
+    rows, inverse = np.unique(flat, return_inverse=True)
+    # bincount adds each row's weights in input order: the dense sum's order.
+    scores = np.bincount(inverse, weights=each, minlength=len(rows))
+    if needed:
+        mark = np.repeat(np.isin(np.arange(len(found)), needed), [len(r) for r in posted])
+        keep = np.bincount(inverse, weights=mark, minlength=len(rows)) == len(needed)
+        rows, scores = rows[keep], scores[keep]
+    return rows, scores
