@@ -68,13 +68,14 @@ def text_candidates(entries: Sequence[dict], collection: Sequence[dict], query: 
     n_docs = sum(e["text"]["rows"] for e in collection)
     total = sum(e["text"]["total_length"] for e in collection)
     df = {t: 0 for t in terms}
+    probed: Dict[str, List[str]] = {}   # superfile id: the terms its bloom filter may hold
     for e in collection:
         gone, gone_length = deleted_of(e) if deleted_of is not None else (None, 0)
         if gone is not None:
             n_docs -= len(gone)
             total -= gone_length
         bits = bloom_of(e)
-        present = [t for t in terms if fts_index.bloom_may_contain(bits, t)]
+        present = probed[e["id"]] = [t for t in terms if fts_index.bloom_may_contain(bits, t)]
         if present:
             ix = reader_of(e).text_index()
             for t in present:
@@ -85,10 +86,11 @@ def text_candidates(entries: Sequence[dict], collection: Sequence[dict], query: 
     must = set(required) | {w for p in phrases for w in p}
     results: List[Tuple[float, int, int]] = []
     for si, e in enumerate(entries):
-        bits = bloom_of(e)
-        if any(not fts_index.bloom_may_contain(bits, t) for t in must):
-            continue
-        if not any(fts_index.bloom_may_contain(bits, t) for t in terms):
+        present = probed.get(e["id"])
+        if present is None:
+            bits = bloom_of(e)
+            present = [t for t in terms if fts_index.bloom_may_contain(bits, t)]
+        if not present or not must.issubset(present):
             continue
         reader = reader_of(e)
 
