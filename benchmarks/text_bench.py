@@ -24,8 +24,8 @@ Systems, all on the same paragraphs and queries, in the same run:
 - bm25s: its tokenizer with its English stop words and the PyStemmer Snowball English
   stemmer, the Lucene BM25 variant (k1 1.2, b 0.75), ``retrieve(k=10)``.
 
-Latency: single queries, warm, interleaved (each query runs on every system in a
-rotating order before the next query), p50 and p99 over every timed call.
+Latency: single queries, warm, interleaved (each query runs on every system and
+flavour, in a random order, before the next query), p50 and p99 over every timed call.
 
 Needs the bench extra: pip install -e .[bench] (tantivy, bm25s; PyStemmer is a
 dependency).
@@ -174,12 +174,15 @@ def main(argv=None):
         for q, _ in queries[:50]:
             fn(q)
     times = {(name, kind): [] for name, kind, _ in calls}
+    rng = np.random.default_rng(1)
     gc.disable()
     try:
-        for r in range(args.rounds):
-            for j, (q, _) in enumerate(queries):
-                shift = (j + r) % len(calls)
-                for name, kind, fn in calls[shift:] + calls[:shift]:
+        for _ in range(args.rounds):
+            for q, _ in queries:
+                # A fresh order per query: no call always follows the same one (the
+                # same query on the same index just before runs on warm CPU caches).
+                for c in rng.permutation(len(calls)):
+                    name, kind, fn = calls[c]
                     t0 = time.perf_counter()
                     fn(q)
                     times[(name, kind)].append(time.perf_counter() - t0)
