@@ -18,6 +18,7 @@ from beam_supertable.fts.analysis import ENGLISH_STOP_WORDS, Analyzer, analyzer_
 from beam_supertable.fts.index import TextIndex
 from beam_supertable.fts.tokenize import contains_phrase, parse_query, tokenize
 from beam_supertable.manifest import Manifest
+from beam_supertable.rag import chunk_schema, migrate_chunk_table
 from beam_supertable.store import ObjectStore
 
 SCHEMA = pa.schema([("n", pa.int64()), ("body", pa.string())])
@@ -231,3 +232,26 @@ def test_a_keyed_table_upserts_with_its_analysis(tmp_path):
     t.upsert(pa.table({"n": [1], "body": ["Tides rise and fall."]}, schema=schema))
     assert t.search(text="why does dough rise", k=3)["n"].to_pylist() == [0, 1]
     assert t.search(text="falling tide", k=3)["n"].to_pylist() == [1]
+
+
+@pytest.mark.parametrize("analysis", [None, "none", "before"])
+def test_migrating_a_chunk_table_keeps_its_analysis(tmp_path, analysis):
+    schema = chunk_schema(4)
+    kwargs = dict(vector_column="embedding", fts_columns=["content"])
+    uri = str(tmp_path / "chunks")
+    if analysis == "before":
+        full, props = Supertable.describe_create(uri, schema, **kwargs)
+        del props["fts"]["analysis"]
+        Manifest(ObjectStore(uri)).create(full, props)
+    else:
+        Supertable.create(uri, schema, text_analysis=analysis, **kwargs)
+    src = Supertable.open(uri)
+    src.append(pa.table({"id": ["a", "b", "c"], "content": DOUGH,
+                         "embedding": [[1.0, 0, 0, 0], [0, 1.0, 0, 0], [0, 0, 1.0, 0]],
+                         "metadata": ["{}"] * 3}, schema=schema))
+    dst = str(tmp_path / "keyed")
+    migrate_chunk_table(uri, dst)
+    keyed = Supertable.open(dst)
+    assert analyzer_of(keyed.properties["fts"]) == analyzer_of(src.properties["fts"])
+    assert keyed.search(text="why does dough rise", k=3, columns=["id"])["id"].to_pylist() \
+        == src.search(text="why does dough rise", k=3, columns=["id"])["id"].to_pylist()
