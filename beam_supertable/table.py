@@ -98,7 +98,7 @@ class Supertable(TableWrites, TableSearch, TableIceberg):
                single_writer: bool = False,
                cache_bytes: int = DEFAULT_CACHE_BYTES,
                primary_key: Union[str, Sequence[str], None] = None,
-               iceberg: bool = True, text_analysis: fts_analysis.AnalysisArg = None) -> "Supertable":
+               iceberg: bool = True, text_analysis: fts_analysis.AnalysisArg = None) -> Supertable:
         """Creates an empty table.
 
         Args:
