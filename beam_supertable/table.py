@@ -98,7 +98,7 @@ class Supertable(TableWrites, TableSearch, TableIceberg):
                single_writer: bool = False,
                cache_bytes: int = DEFAULT_CACHE_BYTES,
                primary_key: Union[str, Sequence[str], None] = None,
-               iceberg: bool = True, text_analysis: fts_analysis.AnalysisArg = None) -> Supertable:
+               iceberg: bool = True, text_analysis=fts_analysis.DEFAULT) -> Supertable:
         """Creates an empty table.
 
         Args:
@@ -122,7 +122,7 @@ class Supertable(TableWrites, TableSearch, TableIceberg):
                 cell (vector-only), for rows within that share of the boundary.
             stop_words: words the tokenizer drops (none by default).
             text_analysis: how text becomes terms, at write and query time: English
-                (Snowball stemming, stop words) by default; ``"none"``: the plain
+                (Snowball stemming, stop words) by default; ``None``: the plain
                 tokenizer; ``{"stemming": bool, "stop_words": bool}`` switches each.
             cache_bytes: the handle's read cache budget (see the class note).
             iceberg: keep Apache Iceberg v2 metadata beside every version, so
@@ -144,7 +144,7 @@ class Supertable(TableWrites, TableSearch, TableIceberg):
             except NotATableError:
                 pass
             else:
-                table._check_settings(full, props, text_analysis is not None)
+                table._check_settings(full, props, text_analysis is not fts_analysis.DEFAULT)
                 return table
         try:
             return cls(store, manifest.create(full, props), cache_bytes=cache_bytes)
@@ -157,7 +157,7 @@ class Supertable(TableWrites, TableSearch, TableIceberg):
                 set_properties=props, reset=True))
             return cls(store, snapshot, cache_bytes=cache_bytes)
         table = cls(store, manifest.load(), cache_bytes=cache_bytes)
-        table._check_settings(full, props, text_analysis is not None)
+        table._check_settings(full, props, text_analysis is not fts_analysis.DEFAULT)
         return table
 
     @staticmethod
@@ -167,7 +167,7 @@ class Supertable(TableWrites, TableSearch, TableIceberg):
                         stop_words: Sequence[str] = (),
                         target_superfile_bytes: int = TARGET_SUPERFILE_BYTES,
                         primary_key: Union[str, Sequence[str], None] = None,
-                        iceberg: bool = True, text_analysis: fts_analysis.AnalysisArg = None
+                        iceberg: bool = True, text_analysis=fts_analysis.DEFAULT
                         ) -> Tuple[pa.Schema, Dict[str, Any]]:
         """Checks ``create``'s arguments without writing anything.
 

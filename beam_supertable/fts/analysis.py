@@ -46,16 +46,23 @@ PLAIN = {"language": "english", "stemming": False, "stop_words": False}
 AnalysisArg = Union[None, bool, str, Mapping[str, Any]]
 
 
+class _Default(dict):
+    """English analysis as ``create``'s default, told apart from the same dict given."""
+
+
+DEFAULT: Mapping[str, Any] = _Default(ENGLISH)
+
+
 def normalize(value: AnalysisArg, where: str = "text_analysis") -> Dict[str, Any]:
     """The property recorded for ``create(text_analysis=value)``.
 
-    ``None``, ``True`` and ``"english"`` are English analysis (stemming and
-    stop words); ``False`` and ``"none"`` the plain tokenizer; a dict sets
+    ``"english"`` and ``True`` are English analysis (stemming and stop words);
+    ``None``, ``False`` and ``"none"`` the plain tokenizer; a dict sets
     ``language``, ``stemming`` and ``stop_words`` (the switches default on).
     """
-    if value is None or value is True or value == "english":
+    if value is True or value == "english":
         return dict(ENGLISH)
-    if value is False or value == "none":
+    if value is None or value is False or value == "none":
         return dict(PLAIN)
     if not isinstance(value, Mapping):
         raise ValueError(f"{where}: expected 'english', 'none', a bool or a dict with "
@@ -170,10 +177,12 @@ def fts_property(columns: Sequence[str], stop_words: Sequence[str],
 def held_if_not_given(props: Dict[str, Any], held: Mapping[str, Any],
                       given: bool) -> Dict[str, Any]:
     """``props``, with the held table's analysis unless ``text_analysis`` was ``given``:
-    ``create(mode="exist_ok")`` without it opens a table whatever its analysis (a table
-    created before analysis existed has none)."""
+    ``create(mode="exist_ok")`` without it opens a table whatever its analysis. A table
+    created before analysis existed has none: it is the plain tokenizer's, given or not."""
     mine, theirs = props.get("fts"), held.get("fts")
-    if given or not mine or not theirs:
+    if not mine or not theirs:
+        return props
+    if given and not ("analysis" not in theirs and mine.get("analysis") == PLAIN):
         return props
     fts = {k: v for k, v in mine.items() if k != "analysis"}
     if "analysis" in theirs:

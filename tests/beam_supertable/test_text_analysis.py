@@ -152,8 +152,11 @@ def test_english_scores_are_the_reference_over_analyzed_words(tmp_path, query):
     _assert_reference(t.search(text=query, k=10), DOUGH, query, ENGLISH)
 
 
-def test_why_does_dough_rise_finds_the_dough_first_on_a_new_table(tmp_path):
-    t = _table(str(tmp_path / "t"), DOUGH)
+@pytest.mark.parametrize("english", [{}, {"text_analysis": "english"}, {"text_analysis": True},
+                                     {"text_analysis": {"language": "english", "stemming": True,
+                                                        "stop_words": True}}])
+def test_why_does_dough_rise_finds_the_dough_first_on_a_new_table(tmp_path, english):
+    t = _table(str(tmp_path / "t"), DOUGH, **english)
     assert t.properties["fts"]["analysis"] == {
         "language": "english", "stemming": True, "stop_words": True}
     assert t.search(text="why does dough rise", k=3)["n"].to_pylist() == [0, 1]
@@ -161,8 +164,11 @@ def test_why_does_dough_rise_finds_the_dough_first_on_a_new_table(tmp_path):
     assert t.search(text='"dough rising"', k=3)["n"].to_pylist() == [0]
 
 
-def test_a_table_with_analysis_off_answers_as_the_plain_tokenizer(tmp_path):
-    off = _table(str(tmp_path / "off"), DOUGH, text_analysis="none")
+@pytest.mark.parametrize("off", ["none", None, False, {"stemming": False, "stop_words": False}])
+def test_a_table_with_analysis_off_answers_as_the_plain_tokenizer(tmp_path, off):
+    off = _table(str(tmp_path / "off"), DOUGH, text_analysis=off)
+    assert off.properties["fts"]["analysis"] == {
+        "language": "english", "stemming": False, "stop_words": False}
     assert off.search(text="why does dough rise", k=3)["n"].to_pylist() == [1, 0]
     assert _terms(off) == {w for d in DOUGH for w in tokenize(d)}
     plain = Analyzer()
@@ -195,12 +201,20 @@ def test_exist_ok_without_text_analysis_opens_a_table_of_any_analysis(tmp_path):
     old = _created_before_analysis(str(tmp_path / "old"))
     again = Supertable.create(old.uri, SCHEMA, fts_columns=["body"], mode="exist_ok")
     assert "analysis" not in again.properties["fts"]
+    assert Supertable.create(old.uri, SCHEMA, fts_columns=["body"], mode="exist_ok",
+                             text_analysis=None).version == old.version
     off = _table(str(tmp_path / "off"), [], text_analysis="none")
     assert Supertable.create(off.uri, SCHEMA, fts_columns=["body"], mode="exist_ok"
                              ).properties["fts"]["analysis"]["stemming"] is False
     with pytest.raises(SchemaMismatchError, match="fts"):
         Supertable.create(old.uri, SCHEMA, fts_columns=["body"], mode="exist_ok",
                           text_analysis="english")
+    # Given, it must be the table's: the one recorded (here: off), not a default.
+    assert Supertable.create(off.uri, SCHEMA, fts_columns=["body"], mode="exist_ok",
+                             text_analysis=None).version == off.version
+    with pytest.raises(SchemaMismatchError, match="analysis"):
+        Supertable.create(off.uri, SCHEMA, fts_columns=["body"], mode="exist_ok",
+                          text_analysis={"stemming": True, "stop_words": False})
 
 
 def test_optimize_rebuilds_text_indexes_with_the_tables_analysis(tmp_path):
