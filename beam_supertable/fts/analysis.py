@@ -65,8 +65,8 @@ def normalize(value: AnalysisArg, where: str = "text_analysis") -> Dict[str, Any
     if value is None or value is False or value == "none":
         return dict(PLAIN)
     if not isinstance(value, Mapping):
-        raise ValueError(f"{where}: expected 'english', 'none', a bool or a dict with "
-                         f"'language', 'stemming', 'stop_words'; got {value!r}")
+        raise ValueError(f"{where}: expected 'english', None (or 'none'), a bool or a dict "
+                         f"with 'language', 'stemming', 'stop_words'; got {value!r}")
     unknown = sorted(set(value) - set(ENGLISH))
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {unknown}; the keys are "
