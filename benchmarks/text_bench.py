@@ -152,7 +152,7 @@ def main(argv=None):
         warnings.simplefilter("ignore")
         systems = {
             "supertable, English analysis": ours(docs, "english"),
-            "supertable, plain tokenizer": ours(docs, "none"),
+            "supertable, plain tokenizer": ours(docs, None),
             "tantivy en_stem": tantivy_side(docs),
             "bm25s (en stop words, Snowball English)": bm25s_side(docs),
         }
