@@ -20,6 +20,7 @@ from beam_supertable.manifest import (
     DEFAULT_MAX_RETRIES, CommitRequest, Manifest, Snapshot, VacuumReport, grace_seconds)
 from beam_supertable.cache import DEFAULT_CACHE_BYTES, ByteCache
 from beam_supertable.filters import mask, pruned
+from beam_supertable.fts import analysis as fts_analysis
 from beam_supertable.fts import index as fts_index
 from beam_supertable.mutation import FRONTIER, Mutation
 from beam_supertable.fts import search as text_search
@@ -98,7 +99,7 @@ class Supertable(TableWrites, TableSearch, TableIceberg, TableChanges):
                single_writer: bool = False,
                cache_bytes: int = DEFAULT_CACHE_BYTES,
                primary_key: Union[str, Sequence[str], None] = None,
-               iceberg: bool = True) -> "Supertable":
+               iceberg: bool = True, text_analysis=fts_analysis.DEFAULT) -> Supertable:
         """Creates an empty table.
 
         Args:
@@ -121,6 +122,9 @@ class Supertable(TableWrites, TableSearch, TableIceberg, TableChanges):
             replica_factor: share of rows also posted to their second-nearest
                 cell (vector-only), for rows within that share of the boundary.
             stop_words: words the tokenizer drops (none by default).
+            text_analysis: how text becomes terms, at write and query time: English
+                (Snowball stemming, stop words) by default; ``None``: the plain
+                tokenizer; ``{"stemming": bool, "stop_words": bool}`` switches each.
             cache_bytes: the handle's read cache budget (see the class note).
             iceberg: keep Apache Iceberg v2 metadata beside every version, so
                 Iceberg readers read the table (see ``iceberg_metadata_location``).
@@ -131,7 +135,7 @@ class Supertable(TableWrites, TableSearch, TableIceberg, TableChanges):
             uri, schema, vector_column=vector_column, metric=metric, fts_columns=fts_columns,
             n_cells=n_cells, replica_factor=replica_factor, stop_words=stop_words,
             target_superfile_bytes=target_superfile_bytes, primary_key=primary_key,
-            iceberg=iceberg)
+            iceberg=iceberg, text_analysis=text_analysis)
         store = ObjectStore(uri, storage_options, single_writer=single_writer)
         manifest = Manifest(store)
         if mode == "exist_ok":
@@ -141,7 +145,7 @@ class Supertable(TableWrites, TableSearch, TableIceberg, TableChanges):
             except NotATableError:
                 pass
             else:
-                table._check_settings(full, props)
+                table._check_settings(full, props, text_analysis is not fts_analysis.DEFAULT)
                 return table
         try:
             return cls(store, manifest.create(full, props), cache_bytes=cache_bytes)
@@ -154,7 +158,7 @@ class Supertable(TableWrites, TableSearch, TableIceberg, TableChanges):
                 set_properties=props, reset=True))
             return cls(store, snapshot, cache_bytes=cache_bytes)
         table = cls(store, manifest.load(), cache_bytes=cache_bytes)
-        table._check_settings(full, props)
+        table._check_settings(full, props, text_analysis is not fts_analysis.DEFAULT)
         return table
 
     @staticmethod
@@ -164,7 +168,8 @@ class Supertable(TableWrites, TableSearch, TableIceberg, TableChanges):
                         stop_words: Sequence[str] = (),
                         target_superfile_bytes: int = TARGET_SUPERFILE_BYTES,
                         primary_key: Union[str, Sequence[str], None] = None,
-                        iceberg: bool = True) -> Tuple[pa.Schema, Dict[str, Any]]:
+                        iceberg: bool = True, text_analysis=fts_analysis.DEFAULT
+                        ) -> Tuple[pa.Schema, Dict[str, Any]]:
         """Checks ``create``'s arguments without writing anything.
 
         Returns:
@@ -199,15 +204,15 @@ class Supertable(TableWrites, TableSearch, TableIceberg, TableChanges):
                 t = schema.field(c).type
                 if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
                     raise SchemaMismatchError(f"{uri}: fts column {c!r} must be a string, got {t}")
-            props["fts"] = {"columns": list(fts_columns),
-                            "stop_words": sorted({w.casefold() for w in stop_words})}
+            props["fts"] = fts_analysis.fts_property(fts_columns, stop_words, text_analysis)
         full = pa.schema([pa.field(ID, pa.int64(), nullable=False)] + list(schema))
         if iceberg and not iceberg_meta.has_iceberg_form(uri, full):
             del props[iceberg_meta.ENABLED_PROPERTY]   # said in a warning, naming the column
         return full, props
 
-    def _check_settings(self, schema: pa.Schema, props: Dict[str, Any]) -> None:
+    def _check_settings(self, schema: pa.Schema, props: Dict[str, Any], given=True) -> None:
         """For ``create(mode="exist_ok")``: the table must be the one described."""
+        props = fts_analysis.held_if_not_given(props, self._snapshot.properties, given)
         differ = []
         if not schema.equals(self.schema):
             differ.append(f"schema: the table has\n{self.user_schema}\nreceived\n"
@@ -307,7 +312,7 @@ class Supertable(TableWrites, TableSearch, TableIceberg, TableChanges):
         return Layout(
             vector=VectorSpec(vp["column"], vp["metric"], vp["dim"]) if vp else None,
             fts_columns=tuple(fp["columns"]) if fp else (),
-            stop_words=frozenset(fp.get("stop_words", ())) if fp else frozenset(),
+            analysis=fts_analysis.analyzer_of(fp),
             replica_factor=vp.get("replica_factor", 0.0) if vp else 0.0,
             target_bytes=self._snapshot.properties.get("target_superfile_bytes",
                                                        TARGET_SUPERFILE_BYTES),

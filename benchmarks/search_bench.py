@@ -442,7 +442,7 @@ def bench_text(cfg):
             queries.append(" ".join(rng.choice(words, min(3, len(words)), replace=False)))
     d = tempfile.mkdtemp(prefix="search-bench-")
     t = Supertable.create(f"{d}/docs", pa.schema([("n", pa.int64()), ("doc", pa.string())]),
-                          fts_columns=["doc"])
+                          fts_columns=["doc"], text_analysis="none")   # bm25s's tokens
     for chunk in np.array_split(np.arange(len(docs)), 4):  # four superfiles
         t.append(pa.table({"n": chunk, "doc": [docs[i] for i in chunk]}))
     t = Supertable.open(f"{d}/docs")
