@@ -13,8 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from beam_supertable import deletes as dv
-from beam_supertable.errors import (
-    NotATableError, SchemaMismatchError, TableExistsError)
+from beam_supertable.errors import NotATableError, SchemaMismatchError, TableExistsError
 from beam_supertable.keys import check_primary_key
 from beam_supertable.manifest import (
     DEFAULT_MAX_RETRIES, CommitRequest, Manifest, Snapshot, VacuumReport, grace_seconds)
@@ -30,8 +29,7 @@ from beam_supertable.store import ObjectStore
 from beam_supertable.superfile import VectorSpec
 from beam_supertable.vector import grid as grid_mod
 from beam_supertable.vector.metric import check_metric
-from beam_supertable.writer import (
-    TARGET_SUPERFILE_BYTES, Layout)
+from beam_supertable.writer import TARGET_SUPERFILE_BYTES, Layout
 from beam_supertable._table_search import THIN_MIN_FACTOR, TableSearch  # noqa: F401
 from beam_supertable._table_write import APPEND_MEMORY_FACTOR, TableWrites  # noqa: F401
 from beam_supertable._table_iceberg import TableIceberg
