@@ -28,7 +28,7 @@ __all__ = [
     "Supertable", "Snapshot", "OptimizeGroup", "OptimizePlan", "VacuumPlan", "VacuumReport",
     "inspect_table",
     # the Beam transforms
-    "CommitResult", "ReadFromSupertable", "UpsertToSupertable", "UpsertWriteResult",
+    "CommitResult", "ReadChangesFromSupertable", "ReadFromSupertable", "UpsertToSupertable", "UpsertWriteResult",
     "WriteResult", "WriteToSupertable",
     # errors
     "AlreadyExists", "CommitConflictError", "CommitFailedError", "CorruptManifestError",
@@ -43,6 +43,7 @@ _LAZY = {
     "CommitResult": "beam_supertable.write",
     "WriteResult": "beam_supertable.write",
     "ReadFromSupertable": "beam_supertable.read",
+    "ReadChangesFromSupertable": "beam_supertable.read_changes",
     "UpsertToSupertable": "beam_supertable.upsert_write",
     "UpsertWriteResult": "beam_supertable.upsert_write",
 }

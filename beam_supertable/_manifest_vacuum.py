@@ -104,6 +104,8 @@ class Vacuum:
     def referenced(self, snapshot: Snapshot) -> set:
         """Every object path a version needs."""
         refs = {version_path(snapshot.version)}
+        if isinstance(snapshot.commit.get("part"), str):
+            refs.add(snapshot.commit["part"])   # the commit's own entries (the change feed's)
         for part in snapshot.parts:
             refs.add(part.path)
             for entry in self.read_part(part.path):

@@ -14,6 +14,7 @@ from beam_supertable.errors import (
     SchemaMismatchError, SupertableError)
 from beam_supertable.filters import mask, pruned
 from beam_supertable.fts import search as text_search
+from beam_supertable.fts.analysis import Analyzer, analyzer_of
 from beam_supertable.schema import ID
 from beam_supertable.vector import calibrate
 from beam_supertable.vector import dense as dense_mod
@@ -103,7 +104,7 @@ class TableSearch:
         fp = self._fts_props()
         txt = text_search.text_candidates(
             entries, self.superfiles(), text, depth, fp["columns"],
-            frozenset(fp.get("stop_words", ())), self._reader, self._bloom, allowed,
+            self._analyzer(), self._reader, self._bloom, allowed,
             self._deleted_text)
         flat = []
         for qi in range(1 if queries is None else len(queries)):
@@ -122,6 +123,10 @@ class TableSearch:
         return self._materialize(
             entries, np.array(qi, np.int64), np.array(sis, np.int64), np.array(rows, np.int64),
             names, single, dist=dist if vec is not None else None, score=score)
+
+    def _analyzer(self) -> Analyzer:
+        """The table's text analysis, the one its superfiles' text indexes were built with."""
+        return analyzer_of(self._fts_props())
 
     def _allowed(self, entries, filter):  # noqa: A002
         """None when every row passes; else ``allowed(superfile, rows) -> mask``."""
@@ -318,7 +323,7 @@ class TableSearch:
             uniq, inverse = np.unique(rows[mask], return_inverse=True)
             reader = self._reader(entries[si])
             if names:
-                parts.append(reader.take(uniq, columns=[ID] + list(names)))
+                parts.append(reader.take_kept(uniq, [ID] + list(names)))
             else:
                 parts.append(pa.table({ID: reader.ids_of(uniq)}))
             where[mask] = base + inverse

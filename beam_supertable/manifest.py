@@ -491,6 +491,10 @@ class Manifest(TokenIndex, Vacuum):
                         own_ids = _entry_ids(attempt_req)
                 step = f"rebasing on version {base.version}"
                 doc = self._rebase(base, attempt_req, own_part)
+                if own_part is not None:
+                    # This commit's entries alone, even once merged into a bigger part:
+                    # what the change feed reads of it (kept by vacuum with the version).
+                    doc["commit"]["part"] = own_part.path
                 if req.token is not None:
                     doc["commit"]["fingerprint"] = fingerprint
                     step = f"marking token {req.token!r} for version {doc['version']}"

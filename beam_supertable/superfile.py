@@ -43,7 +43,7 @@ import io
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -95,7 +95,7 @@ def _row_groups(boundaries: Sequence[int], total: int) -> List[Tuple[int, int]]:
 
 def build(table: pa.Table, *, vector: Optional[VectorSpec] = None,
           cells: Optional[np.ndarray] = None, replica_cells: Optional[np.ndarray] = None,
-          fts_columns: Sequence[str] = (), stop_words: FrozenSet[str] = frozenset(),
+          fts_columns: Sequence[str] = (), analysis: Any = frozenset(),
           key_columns: Sequence[str] = ()) -> Tuple[bytes, Dict[str, Any]]:
     """Builds one superfile.
 
@@ -103,6 +103,8 @@ def build(table: pa.Table, *, vector: Optional[VectorSpec] = None,
         table: rows with ``_id`` and the user columns, in any order.
         vector: the vector column's spec; ``cells`` then gives each row's cell
             and ``replica_cells`` an optional second cell (-1 for none).
+        fts_columns: the columns the text index holds, analyzed by
+            ``analysis`` (the table's ``fts.analysis.Analyzer``).
 
     Returns:
         ``(object bytes, summary)``; the summary goes into the manifest entry.
@@ -188,7 +190,7 @@ def build(table: pa.Table, *, vector: Optional[VectorSpec] = None,
     text_section = None
     if fts_columns:
         text_section, summary["text"] = fts_index.build(
-            fts_index.row_texts(table, fts_columns), stop_words)
+            fts_index.row_texts(table, fts_columns), analysis)
     buf = io.BytesIO()
     # Float vectors barely compress; zstd on them costs time and slows reranks.
     compression = {f.name: ("none" if vector is not None and f.name == vector.column else "zstd")

@@ -13,8 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from beam_supertable import deletes as dv
-from beam_supertable.errors import (
-    NotATableError, SchemaMismatchError, TableExistsError)
+from beam_supertable.errors import NotATableError, SchemaMismatchError, TableExistsError
 from beam_supertable.keys import check_primary_key
 from beam_supertable._manifest_doc import retention_seconds
 from beam_supertable.manifest import (
@@ -22,6 +21,7 @@ from beam_supertable.manifest import (
     Snapshot, grace_seconds)
 from beam_supertable.cache import DEFAULT_CACHE_BYTES, ByteCache
 from beam_supertable.filters import mask, pruned
+from beam_supertable.fts import analysis as fts_analysis
 from beam_supertable.fts import index as fts_index
 from beam_supertable.mutation import FRONTIER, Mutation
 from beam_supertable.fts import search as text_search
@@ -31,12 +31,12 @@ from beam_supertable.store import ObjectStore
 from beam_supertable.superfile import VectorSpec
 from beam_supertable.vector import grid as grid_mod
 from beam_supertable.vector.metric import check_metric
-from beam_supertable.writer import (
-    TARGET_SUPERFILE_BYTES, Layout)
+from beam_supertable.writer import TARGET_SUPERFILE_BYTES, Layout
 from beam_supertable._table_search import THIN_MIN_FACTOR, TableSearch  # noqa: F401
 from beam_supertable._table_write import APPEND_MEMORY_FACTOR, TableWrites  # noqa: F401
 from beam_supertable._table_iceberg import TableIceberg
 from beam_supertable._table_maintenance import TableMaintenance
+from beam_supertable._table_changes import TableChanges
 from beam_supertable import iceberg as iceberg_meta
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ Metric = Literal["l2", "cosine", "dot"]
 _LOG = logging.getLogger(__name__)
 
 
-class Supertable(TableWrites, TableSearch, TableIceberg, TableMaintenance):
+class Supertable(TableWrites, TableSearch, TableIceberg, TableChanges, TableMaintenance):
     """A table of immutable Parquet superfiles with vector and text indexes.
 
     Example::
@@ -100,8 +100,9 @@ class Supertable(TableWrites, TableSearch, TableIceberg, TableMaintenance):
                single_writer: bool = False,
                cache_bytes: int = DEFAULT_CACHE_BYTES,
                primary_key: Union[str, Sequence[str], None] = None,
-               iceberg: bool = True, token_retention: Union[float, datetime.timedelta] = (
-                   DEFAULT_TOKEN_RETENTION_S)) -> "Supertable":
+               iceberg: bool = True, text_analysis=fts_analysis.DEFAULT,
+               token_retention: Union[float, datetime.timedelta] = DEFAULT_TOKEN_RETENTION_S
+               ) -> Supertable:
         """Creates an empty table.
 
         Args:
@@ -124,6 +125,9 @@ class Supertable(TableWrites, TableSearch, TableIceberg, TableMaintenance):
             replica_factor: share of rows also posted to their second-nearest
                 cell (vector-only), for rows within that share of the boundary.
             stop_words: words the tokenizer drops (none by default).
+            text_analysis: how text becomes terms, at write and query time: English
+                (Snowball stemming, stop words) by default; ``None``: the plain
+                tokenizer; ``{"stemming": bool, "stop_words": bool}`` switches each.
             cache_bytes: the handle's read cache budget (see the class note).
             iceberg: keep Apache Iceberg v2 metadata beside every version, so
                 Iceberg readers read the table (see ``iceberg_metadata_location``).
@@ -136,7 +140,7 @@ class Supertable(TableWrites, TableSearch, TableIceberg, TableMaintenance):
             uri, schema, vector_column=vector_column, metric=metric, fts_columns=fts_columns,
             n_cells=n_cells, replica_factor=replica_factor, stop_words=stop_words,
             target_superfile_bytes=target_superfile_bytes, primary_key=primary_key,
-            iceberg=iceberg)
+            iceberg=iceberg, text_analysis=text_analysis)
         props[TOKEN_RETENTION] = retention_seconds(token_retention)
         store = ObjectStore(uri, storage_options, single_writer=single_writer)
         manifest = Manifest(store)
@@ -147,7 +151,7 @@ class Supertable(TableWrites, TableSearch, TableIceberg, TableMaintenance):
             except NotATableError:
                 pass
             else:
-                table._check_settings(full, props)
+                table._check_settings(full, props, text_analysis is not fts_analysis.DEFAULT)
                 return table
         try:
             return cls(store, manifest.create(full, props), cache_bytes=cache_bytes)
@@ -160,7 +164,7 @@ class Supertable(TableWrites, TableSearch, TableIceberg, TableMaintenance):
                 set_properties=props, reset=True))
             return cls(store, snapshot, cache_bytes=cache_bytes)
         table = cls(store, manifest.load(), cache_bytes=cache_bytes)
-        table._check_settings(full, props)
+        table._check_settings(full, props, text_analysis is not fts_analysis.DEFAULT)
         return table
 
     @staticmethod
@@ -170,7 +174,8 @@ class Supertable(TableWrites, TableSearch, TableIceberg, TableMaintenance):
                         stop_words: Sequence[str] = (),
                         target_superfile_bytes: int = TARGET_SUPERFILE_BYTES,
                         primary_key: Union[str, Sequence[str], None] = None,
-                        iceberg: bool = True) -> Tuple[pa.Schema, Dict[str, Any]]:
+                        iceberg: bool = True, text_analysis=fts_analysis.DEFAULT
+                        ) -> Tuple[pa.Schema, Dict[str, Any]]:
         """Checks ``create``'s arguments without writing anything.
 
         Returns:
@@ -205,15 +210,15 @@ class Supertable(TableWrites, TableSearch, TableIceberg, TableMaintenance):
                 t = schema.field(c).type
                 if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
                     raise SchemaMismatchError(f"{uri}: fts column {c!r} must be a string, got {t}")
-            props["fts"] = {"columns": list(fts_columns),
-                            "stop_words": sorted({w.casefold() for w in stop_words})}
+            props["fts"] = fts_analysis.fts_property(fts_columns, stop_words, text_analysis)
         full = pa.schema([pa.field(ID, pa.int64(), nullable=False)] + list(schema))
         if iceberg and not iceberg_meta.has_iceberg_form(uri, full):
             del props[iceberg_meta.ENABLED_PROPERTY]   # said in a warning, naming the column
         return full, props
 
-    def _check_settings(self, schema: pa.Schema, props: Dict[str, Any]) -> None:
+    def _check_settings(self, schema: pa.Schema, props: Dict[str, Any], given=True) -> None:
         """For ``create(mode="exist_ok")``: the table must be the one described."""
+        props = fts_analysis.held_if_not_given(props, self._snapshot.properties, given)
         differ = []
         if not schema.equals(self.schema):
             differ.append(f"schema: the table has\n{self.user_schema}\nreceived\n"
@@ -313,7 +318,7 @@ class Supertable(TableWrites, TableSearch, TableIceberg, TableMaintenance):
         return Layout(
             vector=VectorSpec(vp["column"], vp["metric"], vp["dim"]) if vp else None,
             fts_columns=tuple(fp["columns"]) if fp else (),
-            stop_words=frozenset(fp.get("stop_words", ())) if fp else frozenset(),
+            analysis=fts_analysis.analyzer_of(fp),
             replica_factor=vp.get("replica_factor", 0.0) if vp else 0.0,
             target_bytes=self._snapshot.properties.get("target_superfile_bytes",
                                                        TARGET_SUPERFILE_BYTES),

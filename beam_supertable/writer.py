@@ -15,7 +15,7 @@ import os
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -24,6 +24,7 @@ from beam_supertable import superfile
 from beam_supertable._manifest_doc import Snapshot
 from beam_supertable.digest import row_digest
 from beam_supertable.filters import column_stats, null_counts
+from beam_supertable.fts.analysis import Analyzer
 from beam_supertable.ids import new_ids
 from beam_supertable.keys import key_stats
 from beam_supertable.schema import ID
@@ -44,7 +45,7 @@ class Layout:
 
     vector: Optional[VectorSpec]
     fts_columns: Sequence[str]
-    stop_words: FrozenSet[str]
+    analysis: Analyzer
     replica_factor: float = 0.0
     target_bytes: int = TARGET_SUPERFILE_BYTES
     primary_key: Sequence[str] = ()
@@ -84,7 +85,7 @@ def build_and_upload(store: ObjectStore, table: pa.Table, layout: Layout,
     full = table.add_column(0, pa.field(ID, pa.int64(), nullable=False), pa.array(ids))
     data, summary = superfile.build(
         full, vector=layout.vector, cells=cells, replica_cells=replicas,
-        fts_columns=layout.fts_columns, stop_words=layout.stop_words,
+        fts_columns=layout.fts_columns, analysis=layout.analysis,
         key_columns=layout.primary_key)
     section = summary.pop("key_section", None)
     sf = uuid.uuid4().hex

@@ -238,11 +238,12 @@ def interleaved(fns, repeat, min_seconds=2.0, max_rounds=200, block_seconds=0.02
 def bench_shape(cfg, key, name, metric, x, q, extra_columns):
     dim = x.shape[1]
     d = tempfile.mkdtemp(prefix="search-bench-")
-    cols = {"emb": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), dim)}
+    # "n": the one key column a caller needs to use a hit.
+    cols = {"n": np.arange(len(x)), "emb": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), dim)}
     if extra_columns:
         rng = np.random.default_rng(1)
-        cols = {"n": np.arange(len(x)), "body": [" ".join(rng.choice(WORDS, 6)) for _ in range(len(x))],
-                **cols}
+        cols = {"n": cols["n"], "body": [" ".join(rng.choice(WORDS, 6)) for _ in range(len(x))],
+                "emb": cols["emb"]}
     data = pa.table(cols)
     t = Supertable.create(f"{d}/t", data.schema, vector_column="emb", metric=metric)
     t0 = time.perf_counter()
@@ -271,6 +272,8 @@ def bench_shape(cfg, key, name, metric, x, q, extra_columns):
     vs_brute = interleaved({"ours": ours, "brute": lambda: brute_force(x, q, metric)},
                            cfg["repeat"])
     warm, faiss_qps = vs_faiss["ours"], len(q) / vs_faiss["faiss"]
+    keyed = lambda: t.search(vector=q, k=K, columns=["n"])   # noqa: E731
+    vs_key = interleaved({"ids": ours, "key": keyed, "faiss": faiss_search}, cfg["repeat"])
     lat, lat_rows = [], []
     n_single = min(cfg["single"], len(q))
     for i in range(n_single):
@@ -281,7 +284,12 @@ def bench_shape(cfg, key, name, metric, x, q, extra_columns):
         t0 = time.perf_counter()
         t.search(vector=q[i], k=K)
         lat_rows.append(time.perf_counter() - t0)
-    lat, lat_rows = np.array(lat) * 1e3, np.array(lat_rows) * 1e3
+    lat_key = []
+    for i in range(n_single):
+        t0 = time.perf_counter()
+        t.search(vector=q[i], k=K, columns=["n"])
+        lat_key.append(time.perf_counter() - t0)
+    lat, lat_rows, lat_key = (np.array(v) * 1e3 for v in (lat, lat_rows, lat_key))
     qps = len(q) / warm
     out = {
         "shape": key, "name": name, "rows": len(x), "dim": dim, "metric": metric,
@@ -293,6 +301,9 @@ def bench_shape(cfg, key, name, metric, x, q, extra_columns):
         "p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99)),
         "p50_rows": float(np.percentile(lat_rows, 50)), "p99_rows": float(np.percentile(lat_rows, 99)),
         "ingest_s": ingest, "calibrate_s": cal,
+        "key_qps": len(q) / vs_key["key"], "key_cost": vs_key["key"] / vs_key["ids"],
+        "key_vs_faiss": vs_key["faiss"] / vs_key["key"],
+        "p50_key": float(np.percentile(lat_key, 50)), "p99_key": float(np.percentile(lat_key, 99)),
     }
     print(f"({key}) {name}: {len(x):,} x {dim} ({metric}), {len(q):,} held-out queries\n"
           f"    recall@10 {rec:.3f} at default (law: nprobe {nprobe} of {n_cells} cells); "
@@ -302,7 +313,10 @@ def bench_shape(cfg, key, name, metric, x, q, extra_columns):
           f"| faiss IVF-SQ8 {lists} lists nprobe {faiss_nprobe} "
           f"(recall {faiss_rec:.3f}) {faiss_qps:,.0f} q/s ({qps / faiss_qps:.2f}x)\n"
           f"    single query p50 {out['p50']:.2f} ms p99 {out['p99']:.2f} ms (_id, _distance); "
-          f"with every column p50 {out['p50_rows']:.2f} ms p99 {out['p99_rows']:.2f} ms", flush=True)
+          f"with every column p50 {out['p50_rows']:.2f} ms p99 {out['p99_rows']:.2f} ms\n"
+          f"    with the key column: batch {out['key_qps']:,.0f} q/s ({out['key_cost']:.2f}x the "
+          f"ids-only time; {out['key_vs_faiss']:.2f}x faiss), single p50 {out['p50_key']:.2f} ms "
+          f"p99 {out['p99_key']:.2f} ms", flush=True)
     shutil.rmtree(d)
     return out
 
@@ -442,7 +456,7 @@ def bench_text(cfg):
             queries.append(" ".join(rng.choice(words, min(3, len(words)), replace=False)))
     d = tempfile.mkdtemp(prefix="search-bench-")
     t = Supertable.create(f"{d}/docs", pa.schema([("n", pa.int64()), ("doc", pa.string())]),
-                          fts_columns=["doc"])
+                          fts_columns=["doc"], text_analysis="none")   # bm25s's tokens
     for chunk in np.array_split(np.arange(len(docs)), 4):  # four superfiles
         t.append(pa.table({"n": chunk, "doc": [docs[i] for i in chunk]}))
     t = Supertable.open(f"{d}/docs")

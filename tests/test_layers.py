@@ -40,12 +40,11 @@ SUPERTABLE_LAYERS = {
               "_iceberg_avro", "_iceberg_schema"},
     TABLE: {"_handle", "mutation", "optimize", "_optimize_plan", "lookup", "table",
             "_table_search", "_table_write", "_table_iceberg", "_table_maintenance",
-            "inspection"},
+            "inspection", "changes", "_table_changes"},
     BEAM: {"__init__", "__main__", "cli", "read", "write", "_write_checks", "_write_stages",
            "transforms", "upsert_write", "_upsert_table", "_upsert_validate",
            "_upsert_apply", "_upsert_commit", "_maintenance_stage", "rag", "testing",
-           "_testing_diff",
-           "_testing_stream", "_testing_tables"},
+           "_testing_diff", "_testing_stream", "_testing_tables", "read_changes"},
     JOBS: {"jobs"},   # the templated jobs, whole; pipelines/ holds their repository entry points
 }
 LINE_LIMIT = 600

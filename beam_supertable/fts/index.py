@@ -15,6 +15,7 @@ superfile reads.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple, Union
 
@@ -22,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from beam_supertable.fts.tokenize import tokenize_column
+from beam_supertable.fts.analysis import Analyzer, as_analyzer
 
 BLOOM_BITS_PER_TERM = 10
 BLOOM_HASHES = 7
@@ -38,9 +39,13 @@ def row_texts(table: pa.Table, columns: Sequence[str]) -> pa.Array:
     return pc.binary_join_element_wise(*cols, " ")
 
 
-def build(texts, stop_words: FrozenSet[str] = frozenset()) -> Tuple[bytes, Dict]:
-    """Index bytes and the manifest summary for one superfile's rows (vectorized)."""
-    flat, rows = tokenize_column(texts, stop_words)
+def build(texts, analysis: Union[Analyzer, FrozenSet[str]] = frozenset()) -> Tuple[bytes, Dict]:
+    """Index bytes and the manifest summary for one superfile's rows (vectorized).
+
+    ``analysis``: the table's :class:`Analyzer` (or, as before analysis, the
+    stop words of the plain tokenizer).
+    """
+    flat, rows = as_analyzer(analysis).tokenize_column(texts)
     n = len(texts)
     lengths = np.bincount(rows, minlength=n).astype(np.int32)
     pairs = pa.table({"term": flat, "row": pa.array(rows.astype(np.int32))})
@@ -87,9 +92,27 @@ class TextIndex:
         self.tf = post.column("tf").to_numpy()
         self.lengths = lengths.column("length").to_numpy()
         self._lookup = {t: i for i, t in enumerate(self.terms)}
+        self._tf64: Optional[np.ndarray] = None
+        self._norm: Optional[Tuple[float, np.ndarray]] = None
         # The arrays are views of ``data``; the terms as Python strings and
-        # the lookup dict cost about a hundred bytes a term more.
-        self.nbytes = len(data) + TERM_OVERHEAD_BYTES * len(self.terms)
+        # the lookup dict cost about a hundred bytes a term more; scoring
+        # keeps the term frequencies as floats and a length norm per row.
+        self.nbytes = len(data) + TERM_OVERHEAD_BYTES * len(self.terms) + \
+            8 * (len(self.tf) + len(self.lengths))
+
+    def tf_float(self) -> np.ndarray:
+        """``tf`` as float64 (what BM25 computes with), converted once."""
+        if self._tf64 is None:
+            self._tf64 = self.tf.astype(np.float64)
+        return self._tf64
+
+    def length_norm(self, avg_len: float, k1: float = 1.2, b: float = 0.75) -> np.ndarray:
+        """Each row's ``k1 * (1 - b + b * length / avg_len)``, BM25's length term, as
+        :func:`bm25` computes it; kept until the collection's average length changes."""
+        held = self._norm
+        if held is None or held[0] != avg_len:
+            held = self._norm = (avg_len, k1 * (1 - b + b * self.lengths / max(avg_len, 1e-9)))
+        return held[1]
 
     def postings(self, term: str) -> Optional[Tuple[np.ndarray, np.ndarray]]:
         i = self._lookup.get(term)
@@ -97,6 +120,12 @@ class TextIndex:
             return None
         s, n = self.start[i], self.df[i]
         return self.rows[s:s + n], self.tf[s:s + n]
+
+    def span(self, term: str) -> Tuple[int, int]:
+        """Where ``term``'s postings are in ``rows`` and ``tf`` (a term of the index)."""
+        i = self._lookup[term]
+        s = int(self.start[i])
+        return s, s + int(self.df[i])
 
     def doc_freq(self, term: str) -> int:
         i = self._lookup.get(term)
@@ -127,7 +156,14 @@ def bloom_may_contain(bloom: Union[str, bytes], term: str) -> bool:
     """False only when ``term`` is surely absent; ``bloom`` as in the manifest or decoded."""
     bits = bloom_bits(bloom) if isinstance(bloom, str) else bloom
     # Bit i is bit i % 8 of byte i // 8 (np.packbits(..., bitorder="little")).
-    return all(bits[i >> 3] >> (i & 7) & 1 for i in _hashes(term, len(bits) * 8))
+    return all(bits[i >> 3] >> (i & 7) & 1 for i in _probe(term, len(bits) * 8))
+
+
+@functools.lru_cache(maxsize=8192)
+def _probe(term: str, m: int) -> Tuple[int, ...]:
+    # A query probes every superfile's filter for each term twice (statistics,
+    # then scoring), and searches repeat terms: hashing was a tenth of a query.
+    return tuple(_hashes(term, m))
 
 
 def bm25(tf: np.ndarray, lengths: np.ndarray, df: int, n_docs: int, avg_len: float,
@@ -136,3 +172,19 @@ def bm25(tf: np.ndarray, lengths: np.ndarray, df: int, n_docs: int, avg_len: flo
     idf = np.log(1 + (n_docs - df + 0.5) / (df + 0.5))
     denom = tf + k1 * (1 - b + b * lengths / max(avg_len, 1e-9))
     return idf * tf * (k1 + 1) / denom
+
+
+def bm25_idf(df: int, n_docs: int) -> float:
+    """:func:`bm25`'s idf of a term, computed as it computes it."""
+    return np.log(1 + (n_docs - df + 0.5) / (df + 0.5))
+
+
+def bm25_postings(tf: np.ndarray, norm: np.ndarray, idf: np.ndarray, k1: float = 1.2
+                  ) -> np.ndarray:
+    """:func:`bm25` of several terms' postings at once: ``idf`` per posting, ``norm``
+    the rows' :meth:`TextIndex.length_norm`.
+
+    The same operations in the same order on each element, so each score is
+    bit for bit :func:`bm25`'s.
+    """
+    return idf * tf * (k1 + 1) / (tf + norm)

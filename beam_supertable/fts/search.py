@@ -7,7 +7,8 @@ from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tupl
 import numpy as np
 
 from beam_supertable.fts import index as fts_index
-from beam_supertable.fts.tokenize import contains_phrase, parse_query, tokenize_many
+from beam_supertable.fts.analysis import as_analyzer
+from beam_supertable.fts.tokenize import contains_phrase
 
 
 
@@ -20,6 +21,7 @@ class TextSource(Protocol):
 
 RRF_K = 60
 CHECK_BATCH_MIN = 64   # rows checked (phrases, filter) at a time at first, per superfile
+DENSE_SHARE = 8        # postings above 1/8 of a superfile's rows: scores in a dense array
 
 
 def rrf(rankings: Sequence[Sequence[Tuple[int, int]]], k: int) -> List[Tuple[float, Tuple[int, int]]]:
@@ -32,7 +34,7 @@ def rrf(rankings: Sequence[Sequence[Tuple[int, int]]], k: int) -> List[Tuple[flo
 
 
 def text_candidates(entries: Sequence[dict], collection: Sequence[dict], query: str, k: int,
-                    fts_columns: Sequence[str], stop_words,
+                    fts_columns: Sequence[str], analysis,
                     reader_of: Callable[[dict], TextSource],
                     bloom_of: Callable[[dict], bytes],
                     allowed: Optional[Callable[[int, np.ndarray], np.ndarray]] = None,
@@ -48,6 +50,8 @@ def text_candidates(entries: Sequence[dict], collection: Sequence[dict], query: 
             depend on how the rows were split into superfiles, on what a
             filter or the bloom filters skip, or on whether deleted rows
             are still in the superfiles (before ``optimize``) or gone.
+        analysis: the table's analyzer (``fts.analysis.analyzer_of``), or
+            the stop words of the plain tokenizer.
         reader_of: opens a superfile (only those that may hold a term).
         bloom_of: a superfile's decoded term bloom filter.
         allowed: ``allowed(superfile, rows) -> mask`` of rows that may be
@@ -57,19 +61,21 @@ def text_candidates(entries: Sequence[dict], collection: Sequence[dict], query: 
             row is deleted anywhere. Their share of the statistics is taken
             off: rows, length, and from each query term's postings.
     """
-    terms, required, phrases = parse_query(query, stop_words)
+    analyzer = as_analyzer(analysis)
+    terms, required, phrases = analyzer.parse_query(query)
     if not terms or not entries:
         return []
     n_docs = sum(e["text"]["rows"] for e in collection)
     total = sum(e["text"]["total_length"] for e in collection)
     df = {t: 0 for t in terms}
+    probed: Dict[str, List[str]] = {}   # superfile id: the terms its bloom filter may hold
     for e in collection:
         gone, gone_length = deleted_of(e) if deleted_of is not None else (None, 0)
         if gone is not None:
             n_docs -= len(gone)
             total -= gone_length
         bits = bloom_of(e)
-        present = [t for t in terms if fts_index.bloom_may_contain(bits, t)]
+        present = probed[e["id"]] = [t for t in terms if fts_index.bloom_may_contain(bits, t)]
         if present:
             ix = reader_of(e).text_index()
             for t in present:
@@ -80,10 +86,11 @@ def text_candidates(entries: Sequence[dict], collection: Sequence[dict], query: 
     must = set(required) | {w for p in phrases for w in p}
     results: List[Tuple[float, int, int]] = []
     for si, e in enumerate(entries):
-        bits = bloom_of(e)
-        if any(not fts_index.bloom_may_contain(bits, t) for t in must):
-            continue
-        if not any(fts_index.bloom_may_contain(bits, t) for t in terms):
+        present = probed.get(e["id"])
+        if present is None:
+            bits = bloom_of(e)
+            present = [t for t in terms if fts_index.bloom_may_contain(bits, t)]
+        if not present or not must.issubset(present):
             continue
         reader = reader_of(e)
 
@@ -93,7 +100,7 @@ def text_candidates(entries: Sequence[dict], collection: Sequence[dict], query: 
                 texts = fts_index.row_texts(reader.take(rows, columns=list(fts_columns)),
                                             fts_columns)
                 ok = np.array([all(contains_phrase(toks, ph) for ph in phrases)
-                               for toks in tokenize_many(texts.to_pylist(), stop_words)],
+                               for toks in analyzer.tokenize_many(texts.to_pylist())],
                               dtype=bool)
             if allowed is not None and ok.any():
                 ok[ok] = allowed(si, rows[ok])
@@ -132,35 +139,68 @@ def _superfile_top(ix, terms: Sequence[str], must, df: Dict[str, int], n_docs: i
     Rows are ranked by score and checked (phrases, filter) a growing batch at
     a time, so only about ``k`` rows are kept and only the best are read.
     """
-    scores = np.zeros(len(ix.lengths), dtype=np.float64)
-    hits = np.zeros(len(ix.lengths), dtype=bool)
-    for t in terms:
-        p = ix.postings(t)
-        if p is None:
-            continue
-        rows, tf = p
-        scores[rows] += fts_index.bm25(tf.astype(np.float64), ix.lengths[rows], df[t], n_docs, avg)
-        hits[rows] = True
-    for t in must:
-        p = ix.postings(t)
-        present = np.zeros(len(ix.lengths), dtype=bool)
-        if p is not None:
-            present[p[0]] = True
-        hits &= present
-    rows = np.flatnonzero(hits)
+    found = [(t, ix.postings(t)) for t in terms]
+    found = [(t, p) for t, p in found if p is not None]
+    if not found or any(ix.postings(t) is None for t in must):
+        return []
+    rows, scores = _scored(ix, found, must, df, n_docs, avg)
     if check is None and len(rows) > k:
         # The k best without sorting every hit: all rows scoring at least the
         # k-th best score (ties included), then an exact sort of those.
-        kth = np.partition(-scores[rows], k - 1)[k - 1]
-        rows = rows[-scores[rows] <= kth]
-    order = rows[np.lexsort((rows, -scores[rows]))]
+        kth = np.partition(-scores, k - 1)[k - 1]
+        best = -scores <= kth
+        rows, scores = rows[best], scores[best]
+    at = np.lexsort((rows, -scores))
+    order, scores = rows[at], scores[at]
     if check is None:
-        return [(float(scores[r]), int(r)) for r in order[:k]]
+        return list(zip(scores[:k].tolist(), order[:k].tolist()))
     kept: List[int] = []
     pos, step = 0, max(k, CHECK_BATCH_MIN)
     while pos < len(order) and len(kept) < k:
         batch = order[pos:pos + step]
-        kept.extend(batch[check(batch)].tolist())
+        kept.extend((pos + np.flatnonzero(check(batch))).tolist())
         pos += len(batch)
         step *= 2
-    return [(float(scores[r]), int(r)) for r in kept[:k]]
+    return [(float(scores[i]), int(order[i])) for i in kept[:k]]
+
+
+def _scored(ix, found, must, df: Dict[str, int], n_docs: int, avg: float
+            ) -> Tuple[np.ndarray, np.ndarray]:
+    """The rows holding a query term and every ``must`` term (ascending), and their scores.
+
+    A row's score adds its terms' BM25 in query-term order, starting from 0,
+    whichever way it is summed: a dense array over every row when the postings
+    cover much of the superfile, else the postings alone (a query of rare
+    words then costs what its postings cost, not what the superfile's rows do).
+    """
+    posted = [p[0] for _, p in found]
+    flat = np.concatenate(posted) if len(posted) > 1 else posted[0]
+    idf = np.repeat([fts_index.bm25_idf(df[t], n_docs) for t, _ in found],
+                    [len(r) for r in posted])
+    tf64 = ix.tf_float()
+    spans = [ix.span(t) for t, _ in found]
+    tf = np.concatenate([tf64[s:e] for s, e in spans]) if len(spans) > 1 else \
+        tf64[spans[0][0]:spans[0][1]]
+    each = fts_index.bm25_postings(tf, ix.length_norm(avg)[flat], idf)
+    needed = [i for i, (t, _) in enumerate(found) if t in must]
+    if len(flat) * DENSE_SHARE > len(ix.lengths):
+        scores = np.zeros(len(ix.lengths), dtype=np.float64)
+        hits = np.zeros(len(ix.lengths), dtype=np.int32)
+        at = 0
+        for i, r in enumerate(posted):
+            scores[r] += each[at:at + len(r)]
+            if not needed or i in needed:
+                hits[r] += 1
+            at += len(r)
+        rows = np.flatnonzero(hits >= max(1, len(needed)))
+        return rows, scores[rows]
+    if len(posted) == 1:
+        return flat, each + 0.0   # (0 + score, as the dense sum)
+    rows, inverse = np.unique(flat, return_inverse=True)
+    # bincount adds each row's weights in input order: the dense sum's order.
+    scores = np.bincount(inverse, weights=each, minlength=len(rows))
+    if needed:
+        mark = np.repeat(np.isin(np.arange(len(found)), needed), [len(r) for r in posted])
+        keep = np.bincount(inverse, weights=mark, minlength=len(rows)) == len(needed)
+        rows, scores = rows[keep], scores[keep]
+    return rows, scores

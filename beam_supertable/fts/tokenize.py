@@ -8,7 +8,7 @@ so they can never disagree on what a word is.
 from __future__ import annotations
 
 import re
-from typing import FrozenSet, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -62,17 +62,23 @@ def parse_query(query: str, stop_words: FrozenSet[str] = frozenset()
     ``+word`` requires a term; ``"a phrase"`` requires the exact phrase (its
     words also rank); other words rank by BM25 (OR).
     """
+    return parse_query_with(query, lambda text: tokenize(text, stop_words))
+
+
+def parse_query_with(query: str, words_of: Callable[[str], List[str]]
+                     ) -> Tuple[List[str], List[str], List[List[str]]]:
+    """:func:`parse_query` with ``words_of`` turning each word or phrase into terms."""
     terms: List[str] = []
     required: List[str] = []
     phrases: List[List[str]] = []
     for plus_phrase, phrase, plus_word, word in _QUERY.findall(query):
         if phrase or plus_phrase:
-            words = tokenize(phrase, stop_words)
+            words = words_of(phrase)
             if words:
                 phrases.append(words)
                 terms.extend(words)
             continue
-        words = tokenize(word, stop_words)
+        words = words_of(word)
         terms.extend(words)
         if plus_word:
             required.extend(words)

@@ -216,5 +216,6 @@ def migrate_chunk_table(src: str, dst: str, *, storage_options: Optional[dict] =
     target = Supertable.create(
         dst, source.user_schema, primary_key=ID_COLUMN, vector_column=EMBEDDING_COLUMN,
         metric=vp["metric"], fts_columns=[CONTENT_COLUMN], n_cells=n_cells,
-        stop_words=fp.get("stop_words", ()), storage_options=storage_options)
+        stop_words=fp.get("stop_words", ()), text_analysis=fp.get("analysis", "none"),
+        storage_options=storage_options)
     return target.upsert(keep, metadata={"migrated_from": src})

@@ -125,3 +125,21 @@ def test_vector_search_stores_are_charged_to_the_handle_budget(vectors_table):
     for _ in range(2):
         assert small.search(vector=queries, k=10, recall_target=1.0, columns=[]).equals(first)
         assert small.cache.nbytes <= 64 << 10
+
+
+def test_a_warm_search_takes_its_result_columns_from_the_cache(vectors_table):
+    """Result columns of row groups read once are kept decoded: a repeated search reads
+    nothing from the store and returns what a fresh handle returns."""
+    uri, x = vectors_table
+    warm = Supertable.open(uri)
+    queries = x[:30] + 0.05
+    first = warm.search(vector=queries, k=10, columns=["n", "body"])
+    read = warm.io.bytes
+    again = warm.search(vector=queries, k=10, columns=["n", "body"])
+    assert warm.io.bytes == read and again.equals(first)
+    assert Supertable.open(uri).search(vector=queries, k=10, columns=["n", "body"]).equals(first)
+    entry = warm.superfiles()[0]
+    reader = warm._reader(entry)
+    rows = np.array([5, 0, 5, reader.num_rows - 1])
+    assert reader.take_kept(rows, ["_id", "n", "body"]).equals(
+        reader.take(rows, ["_id", "n", "body"]))

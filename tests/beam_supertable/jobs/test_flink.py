@@ -167,3 +167,67 @@ def test_plain_flink_runner_options_find_the_staged_job_server(flink_jar):
     changes = cmds | Upsert("grouped", prior=p | "Prior" >> beam.Create(prior))
     assert_that(changes | beam.ParDo(_WithTime()), equal_to(expected))
     p.run().wait_until_finish()
+
+
+class _AppendChange(beam.DoFn):
+    """Appends each change to a file as it arrives (the job runs in loopback)."""
+
+    def __init__(self, path):
+        self._path = path
+
+    def process(self, change):
+        with open(self._path, "a", encoding="utf-8") as f:
+            f.write(json.dumps([change.key, change.value, change.diff]) + "\n")
+
+
+def _per_key(lines):
+    out = {}
+    for key, row, diff in lines:
+        out.setdefault(key, []).append([row, diff])
+    return out
+
+
+def test_the_change_feed_on_flink_is_the_table_changes_bounded_and_tailing(flink_jar, tmp_path):
+    import threading
+    import time
+
+    from beam_supertable import ReadChangesFromSupertable
+    schema = pa.schema([("id", pa.int64()), ("label", pa.string())])
+    t = Supertable.create(str(tmp_path / "t"), schema, primary_key="id", iceberg=False)
+    t.upsert(pa.table({"id": list(range(20)), "label": ["a"] * 20}))
+    t.upsert(pa.table({"id": [3, 4, 30], "label": ["b", "b", "b"]}))
+
+    # Bounded: planned once, read in parallel.
+    p = beam.Pipeline(options=on_flink(flink_jar))
+    out = p | ReadChangesFromSupertable(t.uri, start_version=0, end_version="latest")
+    assert_that(out | beam.Map(tuple), equal_to(
+        [(r["id"], {"id": r["id"], "label": r["label"]}, r["_change"])
+         for r in t.changes(0).to_pylist()]))
+    p.run().wait_until_finish()
+
+    # Tailing, in streaming mode: a writer commits while the job runs, and
+    # waits for the job to emit its first version before committing the rest.
+    start, more = t.version, 5
+    seen = tmp_path / "tail.jsonl"
+
+    def writer():
+        t.upsert(pa.table({"id": [0], "label": ["t0"]}))
+        deadline = time.monotonic() + 300
+        while not seen.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for i in range(1, more):
+            time.sleep(0.3)
+            t.upsert(pa.table({"id": [i % 2, 100 + i], "label": [f"t{i}", "new"]}))
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    p = beam.Pipeline(options=on_flink(flink_jar, "--streaming"))
+    _ = (p | ReadChangesFromSupertable(t.uri, start_version=start, end_version=start + more,
+                                       poll_interval=0.1)
+         | beam.ParDo(_AppendChange(str(seen))))
+    p.run().wait_until_finish()
+    thread.join()
+    lines = [json.loads(line) for line in seen.read_text().splitlines()]
+    want = [[r["id"], {"id": r["id"], "label": r["label"]}, r["_change"]]
+            for r in Supertable.open(t.uri).changes(start).to_pylist()]
+    assert _per_key(lines) == _per_key(want) and len(lines) == len(want) == 4 * 3 + 2

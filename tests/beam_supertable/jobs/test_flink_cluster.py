@@ -513,3 +513,96 @@ def test_streaming_upsert_to_supertable_survives_a_killed_taskmanager_like_a_cle
     rows = live(got)
     assert len({r["id"] for r in rows}) == len(rows)   # no key twice
     assert rows == live(want) == _last_per_key(path) and len(rows) > 300
+
+
+class _ChangeToCommand(beam.DoFn):
+    """A change -> an upsert command at its time: an insertion wins over a
+    retraction of its key at the same version (greater offset)."""
+
+    def process(self, change, at=beam.DoFn.TimestampParam):
+        from apache_beam.transforms.window import TimestampedValue
+
+        from beam_upsert import UpsertCommand
+        if change.diff > 0:
+            yield TimestampedValue(UpsertCommand(change.key, change.value, 1), at)
+        else:
+            yield TimestampedValue(UpsertCommand(change.key, None, 0), at)
+
+
+def test_a_tailing_change_feed_resumes_from_a_checkpoint_after_a_killed_taskmanager(
+        cluster, tmp_path):
+    # A streaming job tails a table that a writer keeps changing and mirrors
+    # its changes into a second table through UpsertToSupertable. Once a
+    # checkpoint has completed and the mirror has a commit, the TaskManager
+    # is SIGKILLed and replaced: Flink restores the reader's state (the next
+    # version to emit) and timer, and the mirror must end equal to the table.
+    import random
+    import threading
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from beam_supertable import ReadChangesFromSupertable, UpsertToSupertable
+    schema = pa.schema([("id", pa.int64()), ("label", pa.string())])
+    source = Supertable.create(str(tmp_path / "source"), schema, primary_key="id",
+                               iceberg=False)
+    source.upsert(pa.table({"id": list(range(30)), "label": ["v0"] * 30}))
+    versions, gap = 60, 0.25
+    stop = threading.Event()
+
+    def writer():
+        rng = random.Random(5)
+        t = Supertable.open(source.uri)
+        for i in range(versions):
+            if stop.wait(gap):
+                return
+            if i % 5 == 4:
+                t.delete(pc.field("id").isin(rng.sample(range(40), 3)))
+            else:
+                keys = sorted(rng.sample(range(40), 4))
+                t.upsert(pa.table({"id": keys, "label": [f"v{i + 1}"] * 4}, schema=schema))
+
+    end = source.version + versions
+    mirror = str(tmp_path / "mirror")
+    p = beam.Pipeline(options=_options(cluster, "--streaming", "--checkpointing_interval=1000",
+                                       "--finish_bundle_before_checkpointing",
+                                       "--shutdown_sources_after_idle_ms=90000"))
+    _ = (p | ReadChangesFromSupertable(source.uri, start_version=0, end_version=end,
+                                       poll_interval=0.1)
+         | beam.ParDo(_ChangeToCommand())
+         | UpsertToSupertable(mirror, schema=schema, primary_key="id", flavor="stateful"))
+    result = p.run()
+    victim = cluster.taskmanagers[-1]
+    job_id = _wait_until_running(cluster)
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            try:
+                landed = Supertable.open(mirror).frontier is not None
+            except FileNotFoundError:
+                landed = False
+            if landed and _checkpoints_completed(cluster, job_id) >= 1:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("no mirror commit and completed checkpoint before the kill")
+        assert Supertable.open(source.uri).version < end, "the writer finished: not mid-stream"
+        os.killpg(victim.pid, signal.SIGKILL)
+        victim.wait()
+        cluster.start_taskmanager()
+        result.wait_until_finish()
+    finally:
+        stop.set()
+        thread.join()
+
+    assert cluster.job_exceptions(job_id), "the job went through no failure"
+    assert cluster.rest(f"/jobs/{job_id}")["state"] == "FINISHED"
+    assert cluster.rest(f"/jobs/{job_id}/checkpoints")["counts"]["restored"] >= 1
+
+    def live(uri):
+        return sorted(Supertable.open(uri).to_arrow(columns=["id", "label"]).to_pylist(),
+                      key=lambda r: r["id"])
+    assert Supertable.open(source.uri).version == end
+    assert live(mirror) == live(source.uri) and len(live(mirror)) > 20

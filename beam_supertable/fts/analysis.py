@@ -1,0 +1,190 @@
+"""Text analysis: the tokenizer, then stop words, then a Snowball stemmer.
+
+A table's analysis is a table property (``fts.analysis``) fixed at create, and
+one :class:`Analyzer` built from it serves indexing, queries and phrase checks,
+so a word is always reduced to the same term on both sides. A table whose
+property has no ``analysis`` (created before analysis existed) gets the plain
+tokenizer, so its stored term dictionaries stay valid.
+
+Stop words are matched against the lowercased word before stemming (the list
+holds words as written, not stems). Stemming uses PyStemmer (the Snowball
+stemmers, in C), imported only by tables that stem.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from dataclasses import dataclass
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from beam_supertable.fts import tokenize as tok
+
+LANGUAGES = ("english",)
+
+# The Snowball project's English stop-word list, without its contractions (the
+# tokenizer splits "isn't" into "isn" and "t"), plus the "s" and "t" such splits
+# leave.
+ENGLISH_STOP_WORDS: FrozenSet[str] = frozenset("""
+a about above after again against all am an and any are as at be because been before
+being below between both but by could did do does doing down during each few for from
+further had has have having he her here hers herself him himself his how i if in into is
+it its itself me more most my myself no nor not of off on once only or other ought our
+ours ourselves out over own same she should so some such than that the their theirs them
+themselves then there these they this those through to too under until up very was we were
+what when where which while who whom why with would you your yours yourself yourselves s t
+""".split())
+
+# What ``text_analysis=`` names, as the recorded property.
+ENGLISH = {"language": "english", "stemming": True, "stop_words": True}
+PLAIN = {"language": "english", "stemming": False, "stop_words": False}
+
+AnalysisArg = Union[None, bool, str, Mapping[str, Any]]
+
+
+class _Default(dict):
+    """English analysis as ``create``'s default, told apart from the same dict given."""
+
+
+DEFAULT: Mapping[str, Any] = _Default(ENGLISH)
+
+
+def normalize(value: AnalysisArg, where: str = "text_analysis") -> Dict[str, Any]:
+    """The property recorded for ``create(text_analysis=value)``.
+
+    ``"english"`` and ``True`` are English analysis (stemming and stop words);
+    ``None``, ``False`` and ``"none"`` the plain tokenizer; a dict sets
+    ``language``, ``stemming`` and ``stop_words`` (the switches default on).
+    """
+    if value is True or value == "english":
+        return dict(ENGLISH)
+    if value is None or value is False or value == "none":
+        return dict(PLAIN)
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{where}: expected 'english', None (or 'none'), a bool or a dict "
+                         f"with 'language', 'stemming', 'stop_words'; got {value!r}")
+    unknown = sorted(set(value) - set(ENGLISH))
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; the keys are "
+                         f"'language', 'stemming', 'stop_words'")
+    out = dict(ENGLISH)
+    out.update(value)
+    if out["language"] not in LANGUAGES:
+        raise ValueError(f"{where}: language {out['language']!r} is not supported; "
+                         f"supported: {list(LANGUAGES)}")
+    for switch in ("stemming", "stop_words"):
+        if not isinstance(out[switch], bool):
+            raise ValueError(f"{where}: {switch!r} must be True or False, got {out[switch]!r}")
+    return out
+
+
+@dataclass(frozen=True)
+class Analyzer:
+    """Words of a text: tokenize, drop ``stop_words``, stem with ``stemmer`` (a Snowball
+    language) when set. Plain data: pickles into pipelines and compares by value."""
+
+    stop_words: FrozenSet[str] = frozenset()
+    stemmer: Optional[str] = None
+
+    def tokenize(self, text: Optional[str]) -> List[str]:
+        words = tok.tokenize(text, self.stop_words)
+        if self.stemmer is None or not words:
+            return words
+        return _stemmer(self.stemmer).stemWords(words)
+
+    def tokenize_column(self, texts) -> Tuple[pa.Array, np.ndarray]:
+        """All terms of a string column, flat, with the row each came from."""
+        flat, rows = tok.tokenize_column(texts, self.stop_words)
+        if self.stemmer is None or not len(flat):
+            return flat, rows
+        # Each distinct word is stemmed once; the terms are gathered back by index.
+        encoded = pc.dictionary_encode(flat)
+        stems = pa.array(_stemmer(self.stemmer).stemWords(encoded.dictionary.to_pylist()),
+                         pa.string())
+        return stems.take(encoded.indices), rows
+
+    def tokenize_many(self, texts: Sequence[Optional[str]]) -> List[List[str]]:
+        flat, rows = self.tokenize_column(list(texts))
+        bounds = np.searchsorted(rows, np.arange(len(texts) + 1))
+        words = flat.to_pylist()
+        return [words[bounds[i]:bounds[i + 1]] for i in range(len(texts))]
+
+    def parse_query(self, query: str) -> Tuple[List[str], List[str], List[List[str]]]:
+        """(terms, required terms, phrases), as :func:`tokenize.parse_query`, analyzed."""
+        return tok.parse_query_with(query, self.tokenize)
+
+
+def analyzer_of(fts_props: Optional[Mapping[str, Any]]) -> Analyzer:
+    """The analyzer a table's ``fts`` property describes (plain when it has no analysis)."""
+    if not fts_props:
+        return Analyzer()
+    analysis = fts_props.get("analysis")
+    return _analyzer(tuple(fts_props.get("stop_words", ())),
+                     None if analysis is None else
+                     (analysis.get("language"), bool(analysis.get("stemming")),
+                      bool(analysis.get("stop_words"))))
+
+
+@functools.lru_cache(maxsize=64)
+def _analyzer(custom: Tuple[str, ...], analysis: Optional[Tuple[str, bool, bool]]) -> Analyzer:
+    # Cached: a search builds the analyzer from the properties every time.
+    if analysis is None:
+        return Analyzer(frozenset(custom))
+    language, stemming, stop_words = analysis
+    words = frozenset(custom) | ENGLISH_STOP_WORDS if stop_words else frozenset(custom)
+    return Analyzer(words, language if stemming else None)
+
+
+def as_analyzer(value: Union[Analyzer, FrozenSet[str], Sequence[str], None]) -> Analyzer:
+    """An :class:`Analyzer`, or the plain one dropping the stop words ``value``."""
+    if isinstance(value, Analyzer):
+        return value
+    return Analyzer(frozenset(value or ()))
+
+
+_LOCAL = threading.local()
+
+
+def _stemmer(language: str):
+    # One stemmer per thread: a PyStemmer object keeps a cache and must not be
+    # shared between threads.
+    stemmers = getattr(_LOCAL, "stemmers", None)
+    if stemmers is None:
+        stemmers = _LOCAL.stemmers = {}
+    s = stemmers.get(language)
+    if s is None:
+        try:
+            import Stemmer
+        except ImportError:
+            raise ImportError("a table with stemming needs PyStemmer: pip install PyStemmer"
+                              ) from None
+        s = stemmers[language] = Stemmer.Stemmer(language)
+    return s
+
+
+def fts_property(columns: Sequence[str], stop_words: Sequence[str],
+                 text_analysis: AnalysisArg) -> Dict[str, Any]:
+    """The ``fts`` table property ``create`` records."""
+    return {"columns": list(columns),
+            "stop_words": sorted({w.casefold() for w in stop_words}),
+            "analysis": normalize(text_analysis)}
+
+
+def held_if_not_given(props: Dict[str, Any], held: Mapping[str, Any],
+                      given: bool) -> Dict[str, Any]:
+    """``props``, with the held table's analysis unless ``text_analysis`` was ``given``:
+    ``create(mode="exist_ok")`` without it opens a table whatever its analysis. A table
+    created before analysis existed has none: it is the plain tokenizer's, given or not."""
+    mine, theirs = props.get("fts"), held.get("fts")
+    if not mine or not theirs:
+        return props
+    if given and not ("analysis" not in theirs and mine.get("analysis") == PLAIN):
+        return props
+    fts = {k: v for k, v in mine.items() if k != "analysis"}
+    if "analysis" in theirs:
+        fts["analysis"] = theirs["analysis"]
+    return {**props, "fts": fts}

@@ -1,0 +1,223 @@
+"""Known-item text retrieval on the standard library's docstrings: supertable vs tantivy, bm25s.
+
+    python -m benchmarks.text_bench                 # 1,000 queries, 3 timed rounds
+    python -m benchmarks.text_bench --queries 300 --rounds 1   # for iterating
+
+Corpus: the docstring paragraphs (>= 40 characters) of the installed standard
+library, read with ``ast`` (no module imported; ``search_bench.stdlib_paragraphs``).
+Queries: paragraphs drawn with a fixed seed; from each, three distinct content words
+(letters only, at least four of them, not English stop words) drawn as written, and
+the paragraph is the one known item the query must find. Quality is the mean
+reciprocal rank of that paragraph in the top 10 (0 when absent), with success@1 and
+@10.
+
+Systems, all on the same paragraphs and queries, in the same run:
+
+- supertable: one table, text column indexed, English analysis (its default:
+  Snowball stemming, English stop words) and, for comparison, the plain tokenizer;
+  a warm handle, ``search(text=q, k=10)`` returning ``_id`` and ``_score`` only, and
+  with the paragraph-number column;
+- tantivy (Python package): the ``en_stem`` tokenizer (its English analyzer: simple
+  tokenizer, lowercasing, long-token removal, Snowball English stemmer; no stop
+  words), in RAM, ``parse_query`` + ``search(q, 10)``; the hits only, and with the
+  stored paragraph number fetched per hit;
+- bm25s: its tokenizer with its English stop words and the PyStemmer Snowball English
+  stemmer, the Lucene BM25 variant (k1 1.2, b 0.75), ``retrieve(k=10)``.
+
+Latency: single queries, warm, interleaved (each query runs on every system and
+flavour, in a random order, before the next query), p50 and p99 over every timed call.
+
+Needs the bench extra: pip install -e .[bench] (tantivy, bm25s; PyStemmer is a
+dependency).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import platform
+import shutil
+import tempfile
+import time
+import warnings
+
+import numpy as np
+import pyarrow as pa
+
+from beam_supertable import Supertable
+from beam_supertable.fts.analysis import ENGLISH_STOP_WORDS
+from beam_supertable.fts.tokenize import tokenize
+from benchmarks.search_bench import stdlib_paragraphs
+
+K = 10
+QUERY_WORDS = 3
+MIN_WORD = 4
+
+
+def known_item_queries(docs, n, seed=0):
+    """(query, paragraph) pairs: three content words drawn from one paragraph."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in rng.permutation(len(docs)):
+        words = sorted({w for w in tokenize(docs[i])
+                        if w.isalpha() and len(w) >= MIN_WORD and w not in ENGLISH_STOP_WORDS})
+        if len(words) < QUERY_WORDS:
+            continue
+        out.append((" ".join(rng.choice(words, QUERY_WORDS, replace=False)), int(i)))
+        if len(out) == n:
+            break
+    return out
+
+
+def ours(docs, analysis):
+    d = tempfile.mkdtemp(prefix="text-bench-")
+    t0 = time.perf_counter()
+    t = Supertable.create(f"{d}/docs", pa.schema([("n", pa.int64()), ("doc", pa.string())]),
+                          fts_columns=["doc"], text_analysis=analysis)
+    t.append(pa.table({"n": np.arange(len(docs)), "doc": docs}))
+    built = time.perf_counter() - t0
+    t = Supertable.open(f"{d}/docs")
+
+    def ids(q):
+        return t.search(text=q, k=K, columns=[])
+
+    def keyed(q):
+        return t.search(text=q, k=K, columns=["n"])["n"].to_pylist()
+
+    return {"ids": ids, "keyed": keyed, "built": built, "cleanup": lambda: shutil.rmtree(d),
+            "superfiles": len(t.superfiles())}
+
+
+def tantivy_side(docs):
+    import tantivy
+    t0 = time.perf_counter()
+    builder = tantivy.SchemaBuilder()
+    builder.add_integer_field("n", stored=True)
+    builder.add_text_field("doc", stored=False, tokenizer_name="en_stem")
+    index = tantivy.Index(builder.build())
+    writer = index.writer(heap_size=256 << 20, num_threads=1)
+    for i, doc in enumerate(docs):
+        writer.add_document(tantivy.Document(n=i, doc=doc))
+    writer.commit()
+    writer.wait_merging_threads()
+    index.reload()
+    searcher = index.searcher()
+    built = time.perf_counter() - t0
+
+    def ids(q):
+        return searcher.search(index.parse_query(q, ["doc"]), K).hits
+
+    def keyed(q):
+        hits = searcher.search(index.parse_query(q, ["doc"]), K).hits
+        return [searcher.doc(addr)["n"][0] for _, addr in hits]
+
+    return {"ids": ids, "keyed": keyed, "built": built, "segments": searcher.num_segments}
+
+
+def bm25s_side(docs):
+    import bm25s
+    import Stemmer
+    stemmer = Stemmer.Stemmer("english")
+    t0 = time.perf_counter()
+    tokens = bm25s.tokenize(docs, stopwords="en", stemmer=stemmer, show_progress=False)
+    retriever = bm25s.BM25(method="lucene", k1=1.2, b=0.75)
+    retriever.index(tokens, show_progress=False)
+    built = time.perf_counter() - t0
+
+    def keyed(q):
+        qt = bm25s.tokenize([q], stopwords="en", stemmer=stemmer, return_ids=False,
+                            show_progress=False)
+        if not qt[0]:
+            return []
+        res, scores = retriever.retrieve(qt, k=K, show_progress=False, n_threads=1)
+        return [int(r) for r, s in zip(res[0], scores[0]) if s > 0]
+
+    return {"keyed": keyed, "built": built}
+
+
+def reciprocal_ranks(found, want):
+    return [1.0 / (hits.index(w) + 1) if w in hits else 0.0 for hits, w in zip(found, want)]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--queries", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=3, help="timed passes over the queries")
+    args = parser.parse_args(argv)
+    docs = stdlib_paragraphs()
+    queries = known_item_queries(docs, args.queries)
+    want = [i for _, i in queries]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        systems = {
+            "supertable, English analysis": ours(docs, "english"),
+            "supertable, plain tokenizer": ours(docs, None),
+            "tantivy en_stem": tantivy_side(docs),
+            "bm25s (en stop words, Snowball English)": bm25s_side(docs),
+        }
+    print(f"corpus: {len(docs):,} stdlib docstring paragraphs; {len(queries)} known-item queries "
+          f"of {QUERY_WORDS} words, k={K}")
+    for name, s in systems.items():
+        extra = f", {s['superfiles']} superfile(s)" if "superfiles" in s else \
+            f", {s['segments']} segment(s)" if "segments" in s else ""
+        print(f"  {name}: index built in {s['built']:.1f} s{extra}")
+    # Quality, then latency: every call of a query on every system before the next query.
+    quality = {}
+    for name, s in systems.items():
+        rr = reciprocal_ranks([s["keyed"](q) for q, _ in queries], want)
+        quality[name] = (np.mean(rr), np.mean([r == 1.0 for r in rr]),
+                         np.mean([r > 0 for r in rr]))
+    calls = [(name, kind, s[kind]) for name, s in systems.items()
+             for kind in ("ids", "keyed") if kind in s]
+    for _, _, fn in calls:   # warm every side
+        for q, _ in queries[:50]:
+            fn(q)
+    times = {(name, kind): [] for name, kind, _ in calls}
+    rng = np.random.default_rng(1)
+    gc.disable()
+    try:
+        for _ in range(args.rounds):
+            for q, _ in queries:
+                # A fresh order per query: no call always follows the same one (the
+                # same query on the same index just before runs on warm CPU caches).
+                for c in rng.permutation(len(calls)):
+                    name, kind, fn = calls[c]
+                    t0 = time.perf_counter()
+                    fn(q)
+                    times[(name, kind)].append(time.perf_counter() - t0)
+            gc.collect()
+    finally:
+        gc.enable()
+    p = {key: (np.percentile(v, 50) * 1e3, np.percentile(v, 99) * 1e3)
+         for key, v in times.items()}
+    print("\n| system | MRR@10 | success@1 | success@10 | p50 / p99, ids and scores | "
+          "p50 / p99, with the paragraph number |")
+    print("|---|---|---|---|---|---|")
+    for name in systems:
+        mrr, s1, s10 = quality[name]
+        cells = [f"{p[(name, kind)][0]:.3f} / {p[(name, kind)][1]:.3f} ms"
+                 if (name, kind) in p else "–" for kind in ("ids", "keyed")]
+        print(f"| {name} | {mrr:.3f} | {s1:.1%} | {s10:.1%} | {cells[0]} | {cells[1]} |")
+    us, them = "supertable, English analysis", "tantivy en_stem"
+    print(f"\nratios, supertable English / tantivy: MRR {quality[us][0] / quality[them][0]:.3f}x; "
+          f"p50 ids {p[(us, 'ids')][0] / p[(them, 'ids')][0]:.2f}x, "
+          f"p50 with the paragraph number {p[(us, 'keyed')][0] / p[(them, 'keyed')][0]:.2f}x")
+    import tantivy  # noqa: F401 - for its version
+    import bm25s
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python "
+          f"{platform.python_version()}, tantivy {_version('tantivy')}, bm25s "
+          f"{bm25s.__version__}, PyStemmer {_version('PyStemmer')}, pyarrow {pa.__version__}, "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    for s in systems.values():
+        if "cleanup" in s:
+            s["cleanup"]()
+
+
+def _version(dist):
+    from importlib.metadata import version
+    return version(dist)
+
+
+if __name__ == "__main__":
+    main()
