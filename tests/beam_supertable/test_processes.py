@@ -55,7 +55,9 @@ def test_eight_processes_commit_200_versions_without_gaps(location):
     assert seen == sorted((f"w{i}", s) for i in range(WRITERS) for s in range(COMMITS))
     tokens = [h["token"] for h in manifest.history()[1:]]
     assert len(tokens) == len(set(tokens)) == WRITERS * COMMITS
-    assert_every_version_reads_alike(uri, options)   # and so do Iceberg readers
+    # And so do Iceberg readers (each 10th version on S3: reading all 200 there takes
+    # minutes, and every version is checked on local disk).
+    assert_every_version_reads_alike(uri, options, every=1 if options is None else 10)
 
 
 def test_writer_killed_before_commit_leaves_the_table_whole(location):
