@@ -39,13 +39,14 @@ class TableChanges:
 
         Args:
             start_version: the version the changes start from (exclusive).
-            end_version: the last version included (default: the latest).
+            end_version: the last version included (default, or ``"latest"``:
+                the latest).
             columns: user columns to return (default: all); ``_id`` always is.
             filter: a pyarrow expression the changed rows must satisfy.
             consolidate: drop changes that cancel inside the range (per
                 ``_id``, or per primary key on a keyed table, whose rows are
-                compared whole), leaving exactly ``rows(end) − rows(start)``
-                as a multiset difference.
+                compared on their user columns, without ``_id``), leaving
+                exactly ``rows(end) − rows(start)`` as a multiset difference.
 
         Returns:
             A ``pyarrow.Table``: ``_id``, the columns, ``_change`` (int8),
@@ -53,12 +54,13 @@ class TableChanges:
             empty, with that schema, when the range changed nothing.
 
         Raises:
-            ValueError: ``start_version > end_version``, or not an int.
-            VersionNotFoundError: ``end_version`` is past the latest version, or
-                ``start_version`` was removed by ``vacuum`` (the message names
-                the oldest version still readable).
-            SchemaMismatchError: an unknown column, or a version of the range
-                changed the table's schema.
+            ValueError: ``start_version > end_version``, not an int, or a column
+                asked for twice.
+            VersionNotFoundError: a version past the latest, or ``start_version``
+                removed by ``vacuum`` (the message names the oldest version still
+                readable).
+            SchemaMismatchError: an unknown column, a filter the columns cannot
+                evaluate, or a version of the range changed the table's schema.
         """
         return change_feed.changes(self, start_version, end_version, columns=columns,
                                    filter=filter, consolidate_changes=consolidate)

@@ -16,6 +16,7 @@ so the cost follows what the range changed, never the size of either snapshot.
 from __future__ import annotations
 
 import datetime
+import math
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -27,6 +28,7 @@ from beam_supertable._handle import TableHandle
 from beam_supertable._manifest_doc import Snapshot
 from beam_supertable._optimize_plan import OPERATION as OPTIMIZE
 from beam_supertable.errors import SchemaMismatchError, VersionNotFoundError
+from beam_supertable.expression import Call, Field, Literal, parse
 from beam_supertable.filters import mask, pruned
 from beam_supertable.schema import ID
 from beam_supertable.writer import DATA
@@ -57,11 +59,48 @@ def change_columns(snapshot: Snapshot, columns: Optional[Sequence[str]]) -> List
         return names
     if isinstance(columns, str):
         columns = [columns]
+    if not isinstance(columns, (list, tuple)) or not all(isinstance(c, str) for c in columns):
+        raise TypeError(f"changes: columns must be a list of column names, got {columns!r}")
     unknown = [c for c in columns if c not in snapshot.schema.names]
     if unknown:
         raise SchemaMismatchError(
             f"changes: unknown column(s) {unknown}; the table has {names}")
+    twice = sorted({c for c in columns if list(columns).count(c) > 1})
+    if twice:
+        raise ValueError(f"changes: column(s) {twice} asked for more than once")
     return [c for c in columns if c != ID]
+
+
+def check_filter(schema: pa.Schema, filter: Optional[pc.Expression]) -> None:  # noqa: A002
+    """Refuses a filter that is not an expression or that the table's columns cannot
+    evaluate (an unknown column, a type mismatch), in one line, before anything is read."""
+    if filter is None:
+        return
+    if not isinstance(filter, pc.Expression):
+        raise TypeError(f"changes: filter must be a pyarrow.compute.Expression, got "
+                        f"{type(filter).__name__}")
+    try:
+        mask(schema.empty_table(), filter)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        first = str(exc).splitlines()[0]
+        raise SchemaMismatchError(f"changes: filter {filter} does not apply to the table's "
+                                  f"columns {schema.names}: {first}") from None
+
+
+def _filter_columns(filter: Optional[pc.Expression]) -> Optional[List[str]]:  # noqa: A002
+    """The columns ``filter`` names, or None when they cannot be told."""
+    found: List[str] = []
+
+    def walk(node) -> bool:
+        if isinstance(node, Field):
+            found.append(node.name)
+            return True
+        if isinstance(node, Call):
+            return all(walk(a) for a in node.args)
+        return isinstance(node, Literal)
+
+    node = parse(filter) if filter is not None else None
+    return found if node is not None and walk(node) else None
 
 
 def output_schema(table_schema: pa.Schema, names: Sequence[str]) -> pa.Schema:
@@ -82,10 +121,13 @@ def versions_between(handle: TableHandle, start_version: int,
     """
     manifest = handle.snapshot.manifest
     latest = manifest.latest_version()
-    end = latest if end_version is None else end_version
+    end = latest if end_version is None or end_version == "latest" else end_version
     for name, value in (("start_version", start_version), ("end_version", end)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{handle.uri}: changes: {name} must be an int >= 0, got {value!r}")
+    if start_version > latest:
+        raise VersionNotFoundError(f"{handle.uri}: changes: start_version {start_version} "
+                                   f"does not exist yet (the latest version is {latest})")
     if start_version > end:
         raise ValueError(f"{handle.uri}: changes: start_version {start_version} is after "
                          f"end_version {end}")
@@ -138,14 +180,17 @@ def _superfiles_changed(before: Snapshot, after: Snapshot
             {k: v for k, v in lost.items() if k not in gained})
 
 
-def version_units(before: Snapshot, after: Snapshot) -> List[dict]:
-    """The units of what ``after`` changed on ``before`` (its direct predecessor)."""
+def version_units(before: Snapshot, after: Snapshot, with_stats: bool = False) -> List[dict]:
+    """The units of what ``after`` changed on ``before`` (its direct predecessor);
+    ``with_stats``: every unit's entry carries its statistics (to prune by a filter)."""
     if after.commit.get("operation") == OPTIMIZE:
         return []   # a rewrite under the same _ids: no logical change
     if after.schema != before.schema:
         raise SchemaMismatchError(
-            f"changes: version {after.version} changed the table's schema; read the changes "
-            f"up to version {before.version} and from version {after.version} separately")
+            f"changes: version {after.version} changed the table's schema (an overwrite); "
+            f"changes on both sides cannot share one schema: read up to version "
+            f"{before.version}, then from version {after.version} on (version "
+            f"{after.version} itself is a new start: read it with checkout({after.version}))")
     stamp = commit_micros(after)
     gained, lost = _superfiles_changed(before, after)
     units = []
@@ -157,6 +202,8 @@ def version_units(before: Snapshot, after: Snapshot) -> List[dict]:
         # after its id (``writer``), rather than by reading every part.
         path = f"{DATA}/{sid}.sf.parquet"
         try:
+            if with_stats:
+                raise FileNotFoundError(path)
             return {"id": sid, "path": path, "bytes": store.head(path).size}
         except FileNotFoundError:
             if not index:
@@ -181,13 +228,13 @@ def version_units(before: Snapshot, after: Snapshot) -> List[dict]:
     return units
 
 
-def plan(handle: TableHandle, start: int, end: int,
-         before: Optional[Snapshot] = None) -> Iterator[Tuple[Snapshot, List[dict]]]:
+def plan(handle: TableHandle, start: int, end: int, before: Optional[Snapshot] = None,
+         with_stats: bool = False) -> Iterator[Tuple[Snapshot, List[dict]]]:
     """Each version of ``start + 1 … end`` with its units, in version order."""
     before = before or load(handle, start)
     for version in range(start + 1, end + 1):
         after = load(handle, version, oldest_hint=start)
-        yield after, version_units(before, after)
+        yield after, version_units(before, after, with_stats)
         before = after
 
 
@@ -207,7 +254,11 @@ def read_unit(handle: TableHandle, unit: dict, table_schema: pa.Schema, names: S
     schema = output_schema(table_schema, wanted[1:])
     if "stats" in entry and not pruned([entry], filter, table_schema):
         return schema.empty_table()
-    read = None if filter is not None else wanted
+    read = wanted
+    if filter is not None:
+        named = _filter_columns(filter)
+        read = None if named is None else wanted + [c for c in dict.fromkeys(named)
+                                                    if c not in wanted]
     reader = handle._reader(entry)
     gone = _rows(handle, unit["exclude"])
     if unit["take"]:
@@ -269,7 +320,18 @@ def consolidate(table: pa.Table, primary_key: Sequence[str]) -> pa.Table:
 
 def _same(table: pa.Table, names: Sequence[str], i: int, j: int) -> bool:
     rows = table.select(list(names)).take(pa.array([i, j])).to_pylist()
-    return rows[0] == rows[1]
+    return _comparable(rows[0]) == _comparable(rows[1])
+
+
+def _comparable(value: Any) -> Any:
+    """``value`` with NaN made equal to itself (a row rewritten as it was is no change)."""
+    if isinstance(value, float) and math.isnan(value):
+        return ("nan",)
+    if isinstance(value, dict):
+        return {k: _comparable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_comparable(v) for v in value]
+    return value
 
 
 def changes(handle: TableHandle, start_version: int, end_version: Optional[int] = None, *,
@@ -278,14 +340,19 @@ def changes(handle: TableHandle, start_version: int, end_version: Optional[int] 
             consolidate_changes: bool = False) -> pa.Table:
     """Every logical change of versions ``start_version + 1 … end_version`` (see
     :meth:`Supertable.changes <beam_supertable.table.Supertable.changes>`)."""
+    if not isinstance(consolidate_changes, bool):
+        raise TypeError(f"changes: consolidate must be True or False, got "
+                        f"{consolidate_changes!r}")
     start, end = versions_between(handle, start_version, end_version)
     first = load(handle, start)
     names = change_columns(first, columns)
+    check_filter(first.schema, filter)
     primary_key = list(first.properties.get("primary_key") or []) if consolidate_changes else []
     # Consolidating compares whole rows (keyed) or ids; it reads every user column.
     read = [n for n in first.schema.names if n != ID] if primary_key else names
     tables = [read_unit(handle, unit, first.schema, read, filter)
-              for _, units in plan(handle, start, end, first) for unit in units]
+              for _, units in plan(handle, start, end, first, filter is not None)
+              for unit in units]
     schema = output_schema(first.schema, read)
     out = pa.concat_tables([schema.empty_table()] + tables)
     out = out.take(pc.sort_indices(out, [(VERSION, "ascending"), (CHANGE, "ascending")]))

@@ -55,8 +55,8 @@ class _Settings:
     """What every stage needs: where the table is and what to read of it."""
 
     def __init__(self, uri, storage_options, columns, filter, row_columns,  # noqa: A002
-                 primary_key) -> None:
-        self.uri, self.storage_options = uri, storage_options
+                 primary_key, schema) -> None:
+        self.uri, self.storage_options, self.schema = uri, storage_options, schema
         self.columns, self.filter = list(columns), filter
         self.row_columns, self.primary_key = list(row_columns), list(primary_key)
 
@@ -85,7 +85,8 @@ class _PlanUnits(beam.DoFn):
         table = self._s.open()
         first = feed.load(table, self._start)
         floor = feed.commit_micros(first)
-        for after, units in feed.plan(table, self._start, self._end, first):
+        for after, units in feed.plan(table, self._start, self._end, first,
+                                      self._s.filter is not None):
             # Times never go back with the version (a writer's clock may be behind).
             floor = max(floor, feed.commit_micros(after))
             for unit in units:
@@ -101,7 +102,8 @@ class _ReadUnits(beam.DoFn):
         self._count = Metrics.counter(NAMESPACE, "changes_read")
 
     def process(self, unit):
-        rows = feed.read_unit(self._table, unit, self._table.schema, self._s.columns,
+        # The range's schema, not the latest version's (an overwrite may have changed it).
+        rows = feed.read_unit(self._table, unit, self._s.schema, self._s.columns,
                               self._s.filter)
         stamp = Timestamp(micros=unit["timestamp"])
         self._count.inc(rows.num_rows)
@@ -173,7 +175,7 @@ class _TailChanges(beam.DoFn):
         before = self._before
         if before is None or before.version != after.version - 1:
             before = feed.load(self._table, after.version - 1)
-        for unit in feed.version_units(before, after):
+        for unit in feed.version_units(before, after, self._s.filter is not None):
             rows = feed.read_unit(self._table, unit, before.schema, self._s.columns,
                                   self._s.filter)
             self._count.inc(rows.num_rows)
@@ -222,9 +224,9 @@ class ReadChangesFromSupertable(beam.PTransform):
         super().__init__(label)
         where = "ReadChangesFromSupertable"
         if isinstance(poll_interval, bool) or not isinstance(poll_interval, (int, float)) \
-                or not poll_interval > 0:
-            raise ValueError(f"{where}: poll_interval must be a number of seconds > 0, got "
-                             f"{poll_interval!r}")
+                or not 0 < poll_interval < 86_400:
+            raise ValueError(f"{where}: poll_interval must be a number of seconds > 0 and "
+                             f"under a day, got {poll_interval!r}")
         if filter is not None and not isinstance(filter, pc.Expression):
             raise TypeError(f"{where}: filter must be a pyarrow.compute.Expression, got "
                             f"{type(filter).__name__}")
@@ -233,8 +235,8 @@ class ReadChangesFromSupertable(beam.PTransform):
         if end_version == LATEST:
             end_version = latest
         for name, value in (("start_version", start_version), ("end_version", end_version)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < 0):
+            if (value is not None or name == "start_version") and (
+                    isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise ValueError(f"{where}: {name} must be an int >= 0"
                                  + (f", {LATEST!r} or None" if name == "end_version" else "")
                                  + f", got {value!r}")
@@ -244,11 +246,15 @@ class ReadChangesFromSupertable(beam.PTransform):
         feed.versions_between(table, start_version,
                               latest if end_version is None else min(end_version, latest))
         start = feed.load(table, start_version)   # a vacuumed start is refused here
+        if isinstance(columns, str):
+            columns = [columns]
         names = feed.change_columns(start, columns)
+        feed.check_filter(start.schema, filter)
         key = list(start.properties.get("primary_key") or [])
         read = names + [c for c in key if c not in names]
         row_columns = list(columns) if columns is not None else names
-        self._settings = _Settings(uri, storage_options, read, filter, row_columns, key)
+        self._settings = _Settings(uri, storage_options, read, filter, row_columns, key,
+                                   start.schema)
         self._start, self._end, self._latest = start_version, end_version, latest
         self._poll = float(poll_interval)
 

@@ -223,3 +223,59 @@ def test_vector_and_text_tables_give_their_rows_back_exactly():
     out = t.changes(1).to_pylist()
     assert [(r["k"], r["body"], r["emb"], r["_change"]) for r in out] == [
         (7, "doc 7", vectors[7].tolist(), -1), (7, "seven", [1.0, 2.0, 3.0, 4.0], 1)]
+
+
+def test_a_keyed_row_rewritten_as_it_was_consolidates_to_nothing_nan_included():
+    schema = pa.schema([("k", pa.int64()), ("x", pa.float64())])
+    t = Supertable.create(_uri(), schema, primary_key="k", iceberg=False)
+    t.upsert(pa.table({"k": [1, 2], "x": [float("nan"), 1.0]}, schema=schema))
+    t.upsert(pa.table({"k": [1, 2], "x": [float("nan"), 2.0]}, schema=schema))
+    t.upsert(pa.table({"k": [2], "x": [1.0]}, schema=schema))
+    assert t.changes(1, consolidate=True).num_rows == 0
+    assert t.changes(1).num_rows == 6
+
+
+def test_mistaken_arguments_are_one_line_errors_before_anything_is_read():
+    t = _keyed()
+    t.upsert(pa.table({"k": [1], "v": ["a"]}))
+    with pytest.raises(SchemaMismatchError, match="filter .* does not apply to the table's "
+                                                  "columns"):
+        t.changes(0, filter=pc.field("zz") > 1)
+    with pytest.raises(TypeError, match="filter must be a pyarrow.compute.Expression"):
+        t.changes(0, filter="k > 1")
+    with pytest.raises(ValueError, match=r"column\(s\) \['v'\] asked for more than once"):
+        t.changes(0, columns=["v", "v"])
+    with pytest.raises(TypeError, match="columns must be a list of column names"):
+        t.changes(0, columns=1)
+    with pytest.raises(TypeError, match="consolidate must be True or False"):
+        t.changes(0, consolidate="False")
+    with pytest.raises(VersionNotFoundError, match="start_version 5 does not exist yet"):
+        t.changes(5)
+    assert t.changes(0, "latest").num_rows == 1
+
+
+def test_a_filter_prunes_retractions_by_statistics_too(tmp_path):
+    t = Supertable.create(str(tmp_path / "t"), KEYED, primary_key="k", iceberg=False)
+    for part in range(4):
+        t.upsert(pa.table({"k": list(range(part * 1000, part * 1000 + 1000)),
+                           "v": ["a"] * 1000}))
+    start = t.version
+    t.upsert(pa.table({"k": [5, 3005], "v": ["b", "b"]}))
+    fresh = Supertable.open(t.uri)
+    got = fresh.changes(start, filter=pc.field("k") > 3000)
+    assert [(r["k"], r["v"], r["_change"]) for r in got.to_pylist()] == [
+        (3005, "a", -1), (3005, "b", 1)]
+    low = [e for e in fresh.superfiles() if e["keys"]["max"] == [999]]
+    assert len(low) == 1 and fresh.cache.get(("reader", low[0]["path"])) is None
+
+
+def test_an_overwrite_that_changes_the_schema_names_the_versions_to_read():
+    t = Supertable.create(_uri(), KEYED, iceberg=False)
+    t.append(pa.table({"k": [1], "v": ["a"]}))
+    other = pa.schema([("k", pa.int64())])
+    t = Supertable.create(t.uri, other, mode="overwrite", iceberg=False)
+    t.append(pa.table({"k": [2]}, schema=other))
+    with pytest.raises(SchemaMismatchError, match=r"version 2 changed the table's schema.*"
+                                                  r"read up to version 1, then from version 2"):
+        t.changes(0)
+    assert t.changes(0, 1).num_rows == 1 and t.changes(2).num_rows == 1

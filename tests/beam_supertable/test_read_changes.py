@@ -236,3 +236,22 @@ def test_the_example_embeds_only_the_documents_that_changed(tmp_path):
         "sync of document versions 3..3: embedded 0, deleted 0; embeddings of "
         "['bread', 'cats', 'tides', 'volcanoes']",
         "nearest to 'sourdough starter yeast': bread"]
+
+
+def test_a_bounded_read_before_an_overwrite_keeps_the_range_schema(tmp_path):
+    uri = str(tmp_path / "t")
+    t = Supertable.create(uri, pa.schema([("a", pa.int64())]), iceberg=False)
+    t.append(pa.table({"a": [7]}))
+    strings = pa.schema([("a", pa.string())])
+    t = Supertable.create(uri, strings, mode="overwrite", iceberg=False)
+    t.append(pa.table({"a": ["x"]}, schema=strings))
+    p = TestPipeline()
+    out = p | ReadChangesFromSupertable(uri, start_version=0, end_version=1, columns="a")
+    assert_that(out | beam.Map(lambda c: (c.value, c.diff)), equal_to([({"a": 7}, 1)]))
+    p.run().wait_until_finish()
+    with pytest.raises(ValueError, match="start_version must be an int >= 0"):
+        ReadChangesFromSupertable(uri, start_version=None)
+    with pytest.raises(ValueError, match="poll_interval must be a number of seconds > 0"):
+        ReadChangesFromSupertable(uri, start_version=0, poll_interval=float("inf"))
+    with pytest.raises(Exception, match="does not apply to the table's columns"):
+        ReadChangesFromSupertable(uri, start_version=0, filter=pc.field("zz") > 1)
