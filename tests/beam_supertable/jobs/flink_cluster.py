@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from typing import List, Optional
 
@@ -141,12 +142,21 @@ class FlinkCluster:
         self.taskmanagers.append(tm)
         return tm
 
-    def rest(self, path: str) -> dict:
-        with urllib.request.urlopen(f"http://{self.master}{path}", timeout=5) as r:
-            return json.load(r)
+    def rest(self, path: str, patience: float = 90.0) -> dict:
+        # The JobManager's REST endpoint stalls for seconds while it takes in
+        # a job's jars on a loaded machine: a stall is waited out, not failed.
+        deadline = time.time() + patience
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://{self.master}{path}", timeout=15) as r:
+                    return json.load(r)
+            except (TimeoutError, ConnectionError, urllib.error.URLError):
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.5)
 
     def overview(self) -> dict:
-        return self.rest("/overview")
+        return self.rest("/overview", patience=0)
 
     def wait_for(self, predicate, timeout: float, what: str) -> dict:
         deadline = time.time() + timeout
