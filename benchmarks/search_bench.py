@@ -1,4 +1,4 @@
-"""Supertable search quality and speed on four data shapes, each against baselines in the same run.
+"""Supertable search quality and speed on five data shapes, each against baselines in the same run.
 
     python -m benchmarks.search_bench                  # everything, full sizes (the README's figures)
     python -m benchmarks.search_bench --quick          # smaller sizes, for iterating
@@ -13,11 +13,14 @@ Shapes (recall@10 of held-out queries against exact brute force):
         docstring paragraphs of Python's standard library (read from the
         installed sources: nothing is downloaded)
     (d) scikit-learn's digits (1,797 x 64)
+    (e) skewed: 200,000 x 128, 1,000 Zipf-sized clusters (a few hold most
+        rows), a power-law spectrum (dimension j scaled by j^-0.6) and a
+        random rotation, so no axis is special
 
 For each: recall at default settings (the table's calibrated probe law),
 batch q/s against numpy brute force and faiss ``IndexIVFScalarQuantizer``
 (SQ8, 1,024 lists, or N/39 on small sets, at the smallest nprobe reaching
-recall 0.95), and single-query p50/p99 on a warm handle. Also: a cold query
+recall 0.95; ``IndexIVFFlat`` where SQ8 never reaches it), and single-query p50/p99 on a warm handle. Also: a cold query
 on an S3 server (round trips and bytes), BM25 query latency against bm25s,
 and ingest against LanceDB.
 
@@ -72,6 +75,28 @@ def clustered(n, queries, clusters, scale, dim=128, seed=0):
     x = centers[rng.integers(0, clusters, n)] + rng.normal(size=(n, dim)).astype(np.float32)
     q = centers[rng.integers(0, clusters, queries)] + rng.normal(size=(queries, dim)).astype(np.float32)
     return x.astype(np.float32), q.astype(np.float32)
+
+
+def skewed(n, queries, clusters, dim=128, seed=0):
+    """Zipf-sized clusters under a power-law spectrum, randomly rotated.
+
+    Real embeddings are not isotropic blobs of equal size: a few topics hold
+    most rows and a few directions most of the variance. Queries follow the
+    rows' distribution.
+    """
+    rng = np.random.default_rng(seed)
+    sizes = 1.0 / np.arange(1, clusters + 1) ** 1.1
+    sizes /= sizes.sum()
+    spectrum = (np.arange(1, dim + 1) ** -0.6).astype(np.float32)
+    centers = rng.normal(size=(clusters, dim)).astype(np.float32) * 3.0
+    rotation, _ = np.linalg.qr(rng.normal(size=(dim, dim)))
+    rotation = rotation.astype(np.float32)
+
+    def draw(m):
+        own = rng.choice(clusters, m, p=sizes)
+        z = centers[own] + rng.normal(size=(m, dim)).astype(np.float32)
+        return ((z * spectrum) @ rotation).astype(np.float32)
+    return draw(n), draw(queries)
 
 
 def stdlib_paragraphs():
@@ -144,6 +169,9 @@ def shapes(cfg, which):
                     *lsa(min(cfg["queries"], 1_000))))
     if "d" in which:
         out.append(("d", "scikit-learn digits", "l2", *digits()))
+    if "e" in which:
+        out.append(("e", "skewed (Zipf clusters, power-law spectrum, rotated)", "l2",
+                    *skewed(cfg["n"], cfg["queries"], cfg["clusters"])))
     return out
 
 
@@ -177,28 +205,34 @@ def found_ids(got, n_queries):
 
 
 def faiss_index(x, q, metric, truth_pos):
-    """faiss IVF-SQ8 at the smallest nprobe reaching recall 0.95.
+    """faiss IVF-SQ8 at the smallest nprobe reaching recall 0.95 (IVF-Flat if SQ8 never does).
 
     Returns:
-        ``(search, nprobe, recall, lists)``: ``search()`` runs the query batch.
+        ``(search, nprobe, recall, lists, kind)``: ``search()`` runs the query batch.
     """
     import faiss
     xp, qp = prepare(x, metric), prepare(q, metric)
     lists = int(max(1, min(FAISS_LISTS, len(x) // FAISS_MIN_PER_LIST)))
     kind = faiss.METRIC_L2 if metric == "l2" else faiss.METRIC_INNER_PRODUCT
-    quantizer = faiss.IndexFlatL2(x.shape[1]) if metric == "l2" else faiss.IndexFlatIP(x.shape[1])
-    index = faiss.IndexIVFScalarQuantizer(quantizer, x.shape[1], lists,
-                                          faiss.ScalarQuantizer.QT_8bit, kind)
     rng = np.random.default_rng(0)
-    index.train(xp[rng.choice(len(xp), min(len(xp), 40 * lists), replace=False)])
-    index.add(xp)
+    train = xp[rng.choice(len(xp), min(len(xp), 40 * lists), replace=False)]
     ladder = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, lists)
-    for nprobe in sorted({p for p in ladder if p <= lists}):
-        index.nprobe = nprobe
-        rec = recall(index.search(qp, K)[1], truth_pos)
-        if rec >= TARGET or nprobe == lists:
-            return (lambda: index.search(qp, K)), nprobe, rec, lists
-    raise AssertionError("unreachable")
+    for name in ("IVF-SQ8", "IVF-Flat"):
+        quantizer = (faiss.IndexFlatL2(x.shape[1]) if metric == "l2"
+                     else faiss.IndexFlatIP(x.shape[1]))
+        if name == "IVF-SQ8":
+            index = faiss.IndexIVFScalarQuantizer(quantizer, x.shape[1], lists,
+                                                  faiss.ScalarQuantizer.QT_8bit, kind)
+        else:
+            index = faiss.IndexIVFFlat(quantizer, x.shape[1], lists, kind)
+        index.train(train)
+        index.add(xp)
+        for nprobe in sorted({p for p in ladder if p <= lists}):
+            index.nprobe = nprobe
+            rec = recall(index.search(qp, K)[1], truth_pos)
+            if rec >= TARGET:
+                return (lambda index=index: index.search(qp, K)), nprobe, rec, lists, name
+    return (lambda index=index: index.search(qp, K)), nprobe, rec, lists, name
 
 
 def interleaved(fns, repeat, min_seconds=2.0, max_rounds=200, block_seconds=0.02):
@@ -263,7 +297,7 @@ def bench_shape(cfg, key, name, metric, x, q, extra_columns):
     truth = brute_force(xs, q, metric)
     got = t.search(vector=q, k=K, columns=[])
     rec = recall([np.array([pos[int(i)] for i in f]) for f in found_ids(got, len(q))], truth)
-    faiss_search, faiss_nprobe, faiss_rec, lists = faiss_index(xs, q, metric, truth)
+    faiss_search, faiss_nprobe, faiss_rec, lists, faiss_kind = faiss_index(xs, q, metric, truth)
     # Each ratio from its own interleaved pair: brute force on 200,000 rows
     # allocates and frees ~600 MB a call, and the kernel's work after it
     # slowed whichever side ran next (ours to 0.5x faiss's pace, then 0.25x).
@@ -298,6 +332,7 @@ def bench_shape(cfg, key, name, metric, x, q, extra_columns):
         "brute_ratio": vs_brute["brute"] / vs_brute["ours"], "qps_vs_brute": len(q) / vs_brute["ours"],
         "faiss_qps": faiss_qps,
         "faiss_nprobe": faiss_nprobe, "faiss_recall": faiss_rec, "faiss_lists": lists,
+        "faiss_kind": faiss_kind,
         "p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99)),
         "p50_rows": float(np.percentile(lat_rows, 50)), "p99_rows": float(np.percentile(lat_rows, 99)),
         "ingest_s": ingest, "calibrate_s": cal,
@@ -310,7 +345,7 @@ def bench_shape(cfg, key, name, metric, x, q, extra_columns):
           f"law measured in {cal:.2f} s ({cal / ingest:.0%} of the {ingest:.1f} s append)\n"
           f"    batch {qps:,.0f} q/s | numpy brute force {out['brute_qps']:,.0f} q/s "
           f"({out['brute_ratio']:.1f}x; ours {out['qps_vs_brute']:,.0f} q/s beside it) "
-          f"| faiss IVF-SQ8 {lists} lists nprobe {faiss_nprobe} "
+          f"| faiss {faiss_kind} {lists} lists nprobe {faiss_nprobe} "
           f"(recall {faiss_rec:.3f}) {faiss_qps:,.0f} q/s ({qps / faiss_qps:.2f}x)\n"
           f"    single query p50 {out['p50']:.2f} ms p99 {out['p99']:.2f} ms (_id, _distance); "
           f"with every column p50 {out['p50_rows']:.2f} ms p99 {out['p99_rows']:.2f} ms\n"
@@ -326,14 +361,17 @@ def bench_shapes(cfg, which):
     for key, name, metric, x, q in shapes(cfg, which):
         results.append(bench_shape(cfg, key, name, metric, x, q, extra_columns=key in "ab"))
     if results:
-        print("\n| shape | rows | recall@10 (default) | nprobe / cells | batch q/s | x brute force | "
-              "x faiss IVF-SQ8 | single p50 / p99 | with rows p50 / p99 |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("\n| shape | rows | recall@10 | nprobe / cells | batch q/s (`_id`, `_distance`) "
+              "| x faiss | with key column q/s | key cost | x faiss with key | faiss | "
+              "single p50 / p99 | with key p50 / p99 | every column p50 / p99 |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in results:
             print(f"| ({r['shape']}) {r['name']} | {r['rows']:,} x {r['dim']} | {r['recall']:.3f} | "
-                  f"{r['nprobe']} / {r['cells']} | {r['qps']:,.0f} | {r['brute_ratio']:.1f}x | "
-                  f"{r['qps'] / r['faiss_qps']:.2f}x (nprobe {r['faiss_nprobe']} of {r['faiss_lists']}) | "
-                  f"{r['p50']:.2f} / {r['p99']:.2f} ms | {r['p50_rows']:.2f} / {r['p99_rows']:.2f} ms |")
+                  f"{r['nprobe']} / {r['cells']} | {r['qps']:,.0f} | {r['qps'] / r['faiss_qps']:.2f}x | "
+                  f"{r['key_qps']:,.0f} | {r['key_cost'] - 1:+.0%} | {r['key_vs_faiss']:.2f}x | "
+                  f"{r['faiss_kind']} nprobe {r['faiss_nprobe']} of {r['faiss_lists']} | "
+                  f"{r['p50']:.2f} / {r['p99']:.2f} ms | {r['p50_key']:.2f} / {r['p99_key']:.2f} ms | "
+                  f"{r['p50_rows']:.2f} / {r['p99_rows']:.2f} ms |")
     return results
 
 
@@ -537,7 +575,7 @@ def bench_ingest(cfg):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=["shapes", "text", "cold", "ingest"])
-    parser.add_argument("--shapes", default="a,b,c,d", help="which shapes (a,b,c,d)")
+    parser.add_argument("--shapes", default="a,b,c,d,e", help="which shapes (a,b,c,d,e)")
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for iterating")
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else FULL
