@@ -316,20 +316,20 @@ class TableSearch:
             if not single:
                 columns.append(pa.array(np.asarray(qi).astype(np.int32, copy=False), pa.int32()))
             return pa.Table.from_arrays(columns, schema=schema)
-        parts, where = [], np.empty(len(rows), dtype=np.int64)
-        base = 0
-        for si in np.unique(sis).tolist():
-            mask = sis == si
-            uniq, inverse = np.unique(rows[mask], return_inverse=True)
-            reader = self._reader(entries[si])
-            if names:
-                parts.append(reader.take_kept(uniq, [ID] + list(names)))
-            else:
-                parts.append(pa.table({ID: reader.ids_of(uniq)}))
-            where[mask] = base + inverse
-            base += len(uniq)
-        table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
-        table = table.take(pa.array(where))
+        # Each superfile's hits in one take (repeats and order as asked);
+        # several superfiles are put back in hit order by one more take.
+        groups = np.flatnonzero(np.bincount(sis, minlength=len(entries))).tolist()
+        cols = [ID] + list(names)
+        if len(groups) == 1:
+            table = self._reader(entries[groups[0]]).take_kept(rows, cols)
+        else:
+            parts, where, base = [], np.empty(len(rows), dtype=np.int64), 0
+            for si in groups:
+                mask = sis == si
+                parts.append(self._reader(entries[si]).take_kept(rows[mask], cols))
+                where[mask] = base + np.arange(len(parts[-1]))
+                base += len(parts[-1])
+            table = pa.concat_tables(parts).take(pa.array(where))
         if dist is not None:
             table = table.append_column("_distance", pa.array(dist, pa.float32()))
         if score is not None:

@@ -95,6 +95,15 @@ class SuperfileReader:
         for i in range(self.metadata.num_row_groups):
             self._rg_starts[i + 1] = self._rg_starts[i] + self.metadata.row_group(i).num_rows
         self._vector_index = None
+        self._schema = None
+
+    @property
+    def arrow_schema(self) -> pa.Schema:
+        # ParquetFile.schema_arrow converts the footer's schema on every call
+        # (~60 us): a warm search asks for it once per superfile per query.
+        if self._schema is None:
+            self._schema = self._file.schema_arrow
+        return self._schema
 
     @property
     def num_rows(self) -> int:
@@ -235,7 +244,7 @@ class SuperfileReader:
         """
         rows = np.asarray(rows, dtype=np.int64)
         columns = list(columns)
-        schema = self._file.schema_arrow
+        schema = self.arrow_schema
         if not len(rows):
             return _without_index_key(
                 pa.schema([schema.field(c) for c in columns]).empty_table())
@@ -272,7 +281,7 @@ class SuperfileReader:
         """The given rows (superfile row numbers), in the given order."""
         rows = np.asarray(rows, dtype=np.int64)
         if len(rows) == 0:
-            schema = self._file.schema_arrow
+            schema = self.arrow_schema
             if columns is not None:
                 schema = pa.schema([schema.field(c) for c in columns])
             return _without_index_key(schema.empty_table())
