@@ -463,7 +463,8 @@ def bench_cold(cfg):
               f"nothing is read back)", flush=True)
         size = sum(e["bytes"] for e in t.superfiles())
         results = []
-        for columns, label in (([], "_id, _distance"), (None, "every column")):
+        for columns, label in (([], "_id, _distance"), (["n"], "the key column n"),
+                               (None, "every column")):
             samples = []
             for i in range(5):
                 with _Counting() as counter:
