@@ -22,7 +22,8 @@ def _reference(queries, points, metric, k):
 
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2 ** 31), metric=st.sampled_from(METRICS),
-       n_points=st.integers(1, 60), k=st.integers(1, 8), dim=st.integers(1, 12))
+       n_points=st.one_of(st.integers(1, 60), st.integers(60, 1500)),
+       k=st.one_of(st.integers(1, 8), st.integers(8, 70)), dim=st.integers(1, 12))
 def test_the_k_nearest_are_those_of_exact_distances(seed, metric, n_points, k, dim):
     rng = np.random.default_rng(seed)
     points = prepare(rng.standard_normal((n_points, dim)).astype(np.float32), metric)
