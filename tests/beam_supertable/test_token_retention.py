@@ -249,3 +249,13 @@ def test_a_lookup_racing_a_vacuum_that_merges_the_index_still_finds_the_token(
         manifest.store, lambda: Supertable.open(local_uri).vacuum(retain_versions=1,
                                                                   older_than=0))
     assert manifest._indexed("slot-0", manifest.token_horizon(reader.snapshot)) is not None
+
+
+def test_a_shorter_retention_forgets_at_once_without_a_vacuum(local_uri, clock):
+    t = _table(local_uri)
+    t.append(_rows(1), token="early")
+    clock.now += HOUR / 2
+    t.set_token_retention(HOUR / 4)
+    rerun = Supertable.open(local_uri)
+    rerun.append(_rows(1), token="early")
+    assert not rerun.snapshot.deduplicated and Supertable.open(local_uri).count_rows() == 2
