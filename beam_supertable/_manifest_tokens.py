@@ -186,13 +186,13 @@ class TokenIndex:
                 span = index_range(info.path)
                 if span is None or span[1] < horizon or info.path in read:
                     continue
+                read.add(info.path)   # once each, even if a stale listing still shows it
                 entries = self._index_entries(info.path)
                 if entries is None:
                     # Merged into a successor written before this one went, but
                     # perhaps after the listing: list again to find it.
                     relist = True
                     continue
-                read.add(info.path)
                 best = self._best_entry(entries, key, horizon, best)
         return best
 
