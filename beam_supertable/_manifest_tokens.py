@@ -179,21 +179,35 @@ class TokenIndex:
     def _indexed(self, token: str, horizon: float) -> Optional[IndexedToken]:
         """The newest index entry of ``token`` within the horizon, else None."""
         key = token_hash(token)
-        best = None
-        for info in self.store.list(TOKEN_INDEX):
-            span = index_range(info.path)
-            if span is None or span[1] < horizon:
-                continue
-            entries = self._index_entries(info.path)
-            at = bisect.bisect_left(entries, [key])
-            while at < len(entries) and entries[at][0] == key:
-                entry = entries[at]
-                if entry[2] >= horizon and (best is None or entry[1] > best.version):
-                    best = IndexedToken(*entry[1:6])
-                at += 1
+        best, read, relist = None, set(), True
+        while relist:
+            relist = False
+            for info in self.store.list(TOKEN_INDEX):
+                span = index_range(info.path)
+                if span is None or span[1] < horizon or info.path in read:
+                    continue
+                read.add(info.path)   # once each, even if a stale listing still shows it
+                entries = self._index_entries(info.path)
+                if entries is None:
+                    # Merged into a successor written before this one went, but
+                    # perhaps after the listing: list again to find it.
+                    relist = True
+                    continue
+                best = self._best_entry(entries, key, horizon, best)
         return best
 
-    def _index_entries(self, path: str) -> List[list]:
+    @staticmethod
+    def _best_entry(entries: List[list], key: str, horizon: float,
+                    best: Optional[IndexedToken]) -> Optional[IndexedToken]:
+        at = bisect.bisect_left(entries, [key])
+        while at < len(entries) and entries[at][0] == key:
+            entry = entries[at]
+            if entry[2] >= horizon and (best is None or entry[1] > best.version):
+                best = IndexedToken(*entry[1:6])
+            at += 1
+        return best
+
+    def _index_entries(self, path: str) -> Optional[List[list]]:
         # Index objects never change: one cache for the process, so writers that
         # open a fresh handle per commit (the Beam commit steps) read each once.
         key = (self.store.uri, path)
@@ -205,7 +219,7 @@ class TokenIndex:
         try:
             doc = unseal(self.store.get(path), f"{self.store.uri}/{path}")
         except FileNotFoundError:
-            return []   # replaced by a merged object meanwhile; that one is listed too
+            return None   # replaced by a merged object meanwhile
         with _INDEX_LOCK:
             _INDEX_CACHE[key] = doc["entries"]
             while len(_INDEX_CACHE) > INDEX_CACHE_OBJECTS:

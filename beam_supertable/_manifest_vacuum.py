@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
+import math
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 
@@ -263,8 +264,11 @@ class Vacuum:
                         or at < horizon:
                     continue
                 fp = commit.get("fingerprint") or {}
-                start = int(at // period * period)
-                folds.setdefault((start, int(start + period)), []).append(
+                # Whole seconds that still hold ``at``: an end rounded below it
+                # would drop the entry before its horizon.
+                step = math.floor(at / period)
+                start, end = math.floor(step * period), math.ceil((step + 1) * period)
+                folds.setdefault((start, max(end, math.floor(at) + 1)), []).append(
                     [token_hash(token), version, at, fp.get("sha256"), fp.get("rows"),
                      fp.get("superfiles")])
         return gone, folds

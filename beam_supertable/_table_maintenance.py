@@ -38,7 +38,8 @@ class TableMaintenance:
 
         A longer retention keeps tokens that the next vacuum would have
         forgotten; it cannot bring back those an earlier vacuum removed. The
-        change rules the vacuums that start after it commits.
+        change rules the commits and vacuums that start after it commits: a
+        shorter one forgets at once the tokens past its horizon.
         """
         seconds = retention_seconds(retention)
         self.refresh()

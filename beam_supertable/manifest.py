@@ -250,6 +250,10 @@ class Manifest(TokenIndex, Vacuum):
                              {"rows": 0, "superfiles": 0, "deleted": 0}, "create", None,
                              metadata or {}, [])
         try:
+            if self._listed_versions():
+                # Vacuum removes version 0 of a table that lives on: creating it
+                # again would hide every later version behind a new, empty one.
+                raise AlreadyExists(version_path(0))
             self.store.put_if_absent(version_path(0), seal(doc))
         except AlreadyExists as exc:
             raise TableExistsError(f"{self.store.uri}: a supertable already exists here") from exc

@@ -9,6 +9,7 @@ import pytest
 
 from beam_supertable import Supertable, TokenReuseError
 from beam_supertable.manifest import Manifest, TOKEN_INDEX, TOKENS, epoch_of
+from beam_supertable._manifest_tokens import _INDEX_CACHE
 
 HOUR = 3600.0
 
@@ -196,3 +197,65 @@ def test_a_soak_of_tokened_commits_with_maintenance_stays_bounded(local_uri, clo
     past = Supertable.open(local_uri)
     assert past.append(_rows(0, 0), token="slot-0") == latest + 1
     assert not past.snapshot.deduplicated
+
+
+def test_a_folded_token_is_remembered_to_its_horizon_whatever_the_retention(local_uri, clock):
+    """A retention that is not a whole multiple of its index periods still keeps
+    the folded token until exactly its horizon (periods end after their entries)."""
+    retention = 600.7
+    clock.now = 1_800_007_386.31   # its period ends, rounded down, before this moment
+    t = _table(local_uri, retention)
+    t.append(_rows(1), token="edge")
+    at = epoch_of(t.snapshot.commit["timestamp"])
+    clock.now += 1
+    t.append(_rows(2), token="next")
+    t.vacuum(retain_versions=1, older_than=0)
+    clock.now = at + retention - 0.01
+    rerun = Supertable.open(local_uri)
+    rerun.append(_rows(1), token="edge")
+    assert rerun.snapshot.deduplicated and Supertable.open(local_uri).count_rows() == 2
+
+
+class _ListsThenVacuums:
+    """The token index listed, then a vacuum merging it runs before it is read."""
+
+    def __init__(self, store, vacuum) -> None:
+        self._store, self._vacuum, self._armed = store, vacuum, True
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def list(self, prefix):
+        listed = self._store.list(prefix)
+        if self._armed and prefix == TOKEN_INDEX:
+            self._armed = False
+            self._vacuum()
+        return listed
+
+
+def test_a_lookup_racing_a_vacuum_that_merges_the_index_still_finds_the_token(
+        local_uri, clock):
+    t = _table(local_uri)
+    for i in range(3):
+        t.append(_rows(i), token=f"slot-{i}")
+        clock.now += 1
+    t.vacuum(retain_versions=1, older_than=0)   # slot-0 and slot-1 folded
+    t.append(_rows(3), token="slot-3")
+    clock.now += 1
+    _INDEX_CACHE.clear()   # a reader in another process has read no index object yet
+    reader = Supertable.open(local_uri)
+    manifest = reader._manifest
+    manifest.store = _ListsThenVacuums(
+        manifest.store, lambda: Supertable.open(local_uri).vacuum(retain_versions=1,
+                                                                  older_than=0))
+    assert manifest._indexed("slot-0", manifest.token_horizon(reader.snapshot)) is not None
+
+
+def test_a_shorter_retention_forgets_at_once_without_a_vacuum(local_uri, clock):
+    t = _table(local_uri)
+    t.append(_rows(1), token="early")
+    clock.now += HOUR / 2
+    t.set_token_retention(HOUR / 4)
+    rerun = Supertable.open(local_uri)
+    rerun.append(_rows(1), token="early")
+    assert not rerun.snapshot.deduplicated and Supertable.open(local_uri).count_rows() == 2

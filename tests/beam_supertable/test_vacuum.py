@@ -6,7 +6,7 @@ import time
 import pyarrow as pa
 import pytest
 
-from beam_supertable import Supertable, VersionNotFoundError
+from beam_supertable import Supertable, TableExistsError, VersionNotFoundError
 from tests.beam_supertable.conftest import SMALL_SCHEMA as SCHEMA
 
 
@@ -66,3 +66,20 @@ def test_vacuum_and_inspect_name_a_retain_versions_that_is_no_int(tmp_path, bad)
     with pytest.raises(ValueError, match="retain_versions"):
         inspect_table(uri, retain_versions=bad)
     assert Supertable.open(uri).count_rows() == 3
+
+
+def test_create_over_a_table_whose_first_versions_were_vacuumed(tmp_path):
+    """Version 0 is gone, the table is not: ``create`` refuses and ``overwrite``
+    commits on top of the latest version instead of starting again at 0."""
+    uri = str(tmp_path / "t")
+    table = Supertable.create(uri, SCHEMA)
+    for i in range(3):
+        table.append(pa.table({"x": [i], "s": ["a"]}))
+    table.vacuum(retain_versions=1, older_than=0)
+    with pytest.raises(TableExistsError):
+        Supertable.create(uri, SCHEMA)
+    assert Supertable.open(uri).version == 3 and Supertable.open(uri).count_rows() == 3
+    assert Supertable.create(uri, SCHEMA, mode="exist_ok").version == 3
+    emptied = Supertable.create(uri, SCHEMA, mode="overwrite")
+    assert emptied.version == 4 and Supertable.open(uri).version == 4
+    assert Supertable.open(uri).count_rows() == 0
