@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import logging
 import threading
 import time
@@ -65,8 +66,8 @@ def check_maintenance(who: str, auto_compact, vacuum_every, vacuum_retain_versio
     if isinstance(every, datetime.timedelta):
         every = every.total_seconds()
     if every is not None and (isinstance(every, bool) or not isinstance(every, (int, float))
-                              or not every > 0):
-        raise ValueError(f"{who}: vacuum_every must be seconds > 0, a timedelta or None, "
+                              or not 0 < every < math.inf):
+        raise ValueError(f"{who}: vacuum_every must be a finite number of seconds > 0, a timedelta or None, "
                          f"got {vacuum_every!r}")
     if isinstance(vacuum_retain_versions, bool) or not isinstance(vacuum_retain_versions, int) \
             or vacuum_retain_versions < 1:

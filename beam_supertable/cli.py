@@ -89,6 +89,14 @@ def parse_duration(text: str) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 
 
+def parse_positive_duration(text: str) -> datetime.timedelta:
+    """``parse_duration``, refusing zero (a retention of nothing is no retention)."""
+    value = parse_duration(text)
+    if value <= datetime.timedelta(0):
+        raise ValueError(f"{text!r}: must be longer than 0, e.g. 1h, 7d or 2w")
+    return value
+
+
 def parse_bytes(text: str) -> int:
     """``67108864``, ``64MiB``, ``1GB`` as a positive number of bytes."""
     match = _BYTES.fullmatch(text.strip())
@@ -162,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                      parser_class=_Parser)
     duration = _argument_type(parse_duration, "duration")
+    positive_duration = _argument_type(parse_positive_duration, "duration")
     nbytes = _argument_type(parse_bytes, "byte size")
     count = _argument_type(_positive_int, "count")
 
@@ -208,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     vacuum_options(vacuum, "vacuum")
     vacuum.add_argument("--dry-run", action="store_true",
                         help="print what would be deleted; delete nothing")
-    vacuum.add_argument("--token-retention", type=duration, default=None, metavar="DURATION",
+    vacuum.add_argument("--token-retention", type=positive_duration, default=None, metavar="DURATION",
                         help="how long tokens are remembered; set on the table first "
                              "(default: the table's token_retention, 7 days unless set)")
 

@@ -308,4 +308,5 @@ def test_vacuum_token_retention_sets_the_table_property_and_inspect_shows_it(tmp
     assert shown.returncode == 0, shown.stderr
     assert "tokens      remembered 2h" in shown.stdout and "token markers 1" in shown.stdout
     bad = run_cli("vacuum", uri, "--token-retention", "0s")
-    assert bad.returncode == 1 and "token_retention must be a positive" in bad.stderr
+    assert bad.returncode == 2 and "--token-retention: '0s': must be longer than 0" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1

@@ -119,6 +119,7 @@ def test_write_to_supertable_compacts_behind_its_firings(tmp_path):
     ({"auto_compact": 1}, "auto_compact must be"),
     ({"auto_compact": "yes"}, "auto_compact must be"),
     ({"vacuum_every": 0}, "vacuum_every must be"),
+    ({"vacuum_every": float("inf")}, "vacuum_every must be a finite"),
     ({"vacuum_every": 60, "vacuum_retain_versions": 0}, "vacuum_retain_versions must be"),
     ({"vacuum_every": 60, "vacuum_older_than": -1}, "vacuum_older_than must be"),
 ])

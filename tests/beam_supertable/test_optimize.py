@@ -86,7 +86,7 @@ def test_optimize_twice_does_nothing_the_second_time(tmp_path):
     t = _streamed(str(tmp_path / "t"))
     t.delete(pc.field("n") < 30)
     assert isinstance(t.optimize(), int)
-    objects, version = _objects(t), t.version
+    version = t.version
     assert t.optimize() is None
     assert t.optimize(target_file_bytes=20_000, max_cell_rows=5_000) in (None, version + 1)
     plan = t.optimize(dry_run=True)
@@ -399,7 +399,7 @@ def test_a_stale_writer_on_the_old_grid_stays_searchable(tmp_path):
 # -- concurrency -----------------------------------------------------------------
 def test_deletes_and_appends_landing_during_an_optimize_are_kept(tmp_path):
     uri = str(tmp_path / "t")
-    t = _streamed(uri)
+    _streamed(uri)
     optimizer = Supertable.open(uri)
     plan = plan_optimize(optimizer, target_file_bytes=20_000)
     entries = [e for g in plan.groups for e in rewrite_group(optimizer, plan, g)]

@@ -429,8 +429,8 @@ def _ancestors_until_shuffle(proto, start):
     for tid, t in proto.components.transforms.items():
         if t.subtransforms:
             continue
-        for tag, pc in t.inputs.items():
-            consumers.setdefault(pc, []).append((tid, tag))
+        for tag, coll in t.inputs.items():
+            consumers.setdefault(coll, []).append((tid, tag))
     seen, todo, out = set(), [start], []
     while todo:
         for tid, tag in consumers.get(todo.pop(), []):
