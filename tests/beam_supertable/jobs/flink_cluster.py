@@ -105,6 +105,8 @@ class FlinkCluster:
             # TaskManager failure, but caps each state at 5 MB).
             "state.backend.type": "hashmap",
             "state.checkpoints.dir": "file://" + os.path.join(self.work_dir, "checkpoints"),
+            # Where the JobManager keeps what jobs upload (their jars, among them).
+            "blob.storage.directory": os.path.join(self.work_dir, "blobs"),
         }
         conf.update(self.extra_conf)
         with open(os.path.join(self.conf_dir, "flink-conf.yaml"), "w") as f:
@@ -154,6 +156,12 @@ class FlinkCluster:
                 if time.time() > deadline:
                     raise
                 time.sleep(0.5)
+
+    def uploaded_bytes(self) -> int:
+        """Bytes the JobManager holds of what jobs uploaded (its blob store)."""
+        root = os.path.join(self.work_dir, "blobs")
+        return sum(os.path.getsize(os.path.join(d, f))
+                   for d, _, files in os.walk(root) for f in files)
 
     def overview(self) -> dict:
         return self.rest("/overview", patience=0)

@@ -8,6 +8,7 @@ import signal
 import time
 
 import apache_beam as beam
+import pyarrow as pa
 import pytest
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import TimerSpec, on_timer
@@ -104,6 +105,20 @@ def test_main_job_on_the_cluster_equals_direct_runner(cluster, tmp_path):
         upsert_changes.run(["--output", out] + extra)
         outputs[runner] = job_outputs(out)
     assert outputs["flink"] == outputs["direct"] and len(outputs["flink"][0]) > 100
+
+
+def test_a_job_ships_no_jars_to_a_cluster_that_holds_the_runner(cluster, tmp_path):
+    # Beam's own job server uploads its whole classpath (152 MB) with every
+    # job; ours ships none, so a job starts in seconds. The job still runs on
+    # the runner classes the cluster's classpath holds.
+    before = cluster.uploaded_bytes()
+    uri = str(tmp_path / "t")
+    p = beam.Pipeline(options=_options(cluster))
+    _ = (p | beam.Create([{"n": i} for i in range(100)])
+         | WriteToSupertable(uri, schema=pa.schema([("n", pa.int64())])))
+    p.run().wait_until_finish()
+    assert Supertable.open(uri).count_rows() == 100
+    assert cluster.uploaded_bytes() - before < 10 * 2 ** 20
 
 
 def _wait_until_running(cluster, timeout=180):
