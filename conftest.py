@@ -40,3 +40,28 @@ def pytest_collection_modifyitems(config, items):
         f"{apache_beam.__version__}; ./scripts/test runs it in .venv-flink"))
     for item in flink_items:
         item.add_marker(skip)
+
+
+# A Flink job that stops making progress (a bundle waiting on a worker that
+# never answers) would otherwise hold the whole run until CI's own limit; the
+# longest flink test takes about 3 minutes.
+FLINK_TEST_LIMIT_S = 900
+
+
+@pytest.fixture(autouse=True)
+def _flink_time_limit(request):
+    import signal
+    if not request.node.get_closest_marker("flink") or not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def _expired(signum, frame):
+        pytest.fail(f"{request.node.nodeid} ran past {FLINK_TEST_LIMIT_S} s", pytrace=True)
+
+    previous = signal.signal(signal.SIGALRM, _expired)
+    signal.alarm(FLINK_TEST_LIMIT_S)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

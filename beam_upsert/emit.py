@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator, List, Tuple
 
-from apache_beam.transforms.window import TimestampedValue
+from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import Timestamp
+from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_upsert.model import transition_changes
 
 # Output stays in the global window: both flavors emit from a DoFn (or a
-# timer) whose input the transform re-windowed there.
+# timer) whose input the transform re-windowed there. Changes leave as
+# WindowedValues in that window: a TimestampedValue would make Beam call the
+# window function's assign for every change, which builds a new GlobalWindow
+# and its end timestamp each time (a sixth of the grouped flavor's time).
+GLOBAL_WINDOWS = (GlobalWindow(),)
 STAMP_CACHE_SIZE = 4096
 INSERT, UPDATE, DELETE = 0, 1, 2
 
@@ -38,10 +43,10 @@ class ChangeEmitter:
         return ts
 
     def emit(self, key: Any, steps: Iterable[Tuple[int, Any, Any]],
-             tally: List[int]) -> Iterator[TimestampedValue]:
+             tally: List[int]) -> Iterator[WindowedValue]:
         """Yields each step's changes at its time; adds 1 to ``tally[step_kind]``."""
         for at, old, new in steps:
             tally[step_kind(old, new)] += 1
             ts = self._timestamp(at)
             for change in transition_changes(key, old, new):
-                yield TimestampedValue(change, ts)
+                yield WindowedValue(change, ts, GLOBAL_WINDOWS)

@@ -120,9 +120,14 @@ def case_naive():
 
 
 def case_read_parse_gbk():
+    # The same inputs as the row API's cases: the commands and the snapshot,
+    # read, parsed and grouped by key together.
     with beam.Pipeline(options=_options()) as p:
-        _count(p | beam.io.ReadFromText(_path("commands.jsonl")) | beam.Map(parse_command)
-               | beam.Map(lambda c: (c.key, c)) | beam.GroupByKey())
+        prior = (p | "P" >> beam.io.ReadFromText(_path("prior.jsonl"))
+                 | "PP" >> beam.Map(parse_prior))
+        commands = (p | beam.io.ReadFromText(_path("commands.jsonl")) | beam.Map(parse_command)
+                    | beam.Map(lambda c: (c.key, c)))
+        _count((commands, prior) | beam.Flatten() | beam.GroupByKey())
     return N_COMMANDS
 
 
@@ -305,6 +310,31 @@ def _tombstones(rounds):
           f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC")
 
 
+FLOOR_CASES = ("read_parse_gbk", "grouped", "stateful")
+
+
+def _against_the_floor(rounds):
+    """The row API's flavors against the read + parse + GroupByKey floor of the
+    same inputs, interleaved (the order turns each round), best of the rounds."""
+    rates = {}
+    for i in range(rounds):
+        order = FLOOR_CASES[i % 3:] + FLOOR_CASES[:i % 3]
+        for name in order:
+            r = _run_subprocess(name)
+            if r is not None:
+                rates.setdefault(name, []).append(r["per_second"])
+                print(f"round {i + 1} {name:16s} {r['per_second']:>9,.0f} commands/s  "
+                      f"peak {r['peak_rss_mb']:,.0f} MB", flush=True)
+    best = {name: max(v) for name, v in rates.items()}
+    for name in ("grouped", "stateful"):
+        if name in best and "read_parse_gbk" in best:
+            print(f"{name}: best {best[name]:,.0f} /s against the floor's best "
+                  f"{best['read_parse_gbk']:,.0f} /s: {best[name] / best['read_parse_gbk']:.2f}x")
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, "
+          f"python {platform.python_version()}, apache-beam {beam.__version__}, "
+          f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", choices=sorted(CASES))
@@ -312,7 +342,10 @@ def main(argv=None):
                         help="the stateful flavor with tombstone_retention=0 and the default, "
                              "interleaved, plus the state bytes per key and shard")
     parser.add_argument("--rounds", type=int, default=3,
-                        help="rounds of the interleaved --tombstones cases (default 3)")
+                        help="rounds of the interleaved --tombstones or --floor cases (default 3)")
+    parser.add_argument("--floor", action="store_true",
+                        help="the grouped and stateful flavors against the read + parse + "
+                             "GroupByKey floor, interleaved, best of --rounds")
     args = parser.parse_args(argv)
     make_data()
     if args.case:
@@ -320,6 +353,9 @@ def main(argv=None):
         return
     if args.tombstones:
         _tombstones(args.rounds)
+        return
+    if args.floor:
+        _against_the_floor(args.rounds)
         return
     results = {}
     for name in CASES:

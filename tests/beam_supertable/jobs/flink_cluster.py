@@ -107,6 +107,13 @@ class FlinkCluster:
             "state.checkpoints.dir": "file://" + os.path.join(self.work_dir, "checkpoints"),
             # Where the JobManager keeps what jobs upload (their jars, among them).
             "blob.storage.directory": os.path.join(self.work_dir, "blobs"),
+            # The runner's classes come from the cluster's class path, so their
+            # static gRPC executor threads outlive the job that started them and
+            # keep its (closed, empty) user-code class loader as their context
+            # loader. Flink's leak check would fail a later job's first use of
+            # such a thread (a bundle then never finishes); the closed loader
+            # holds no jars and delegates to the cluster's, which is safe.
+            "classloader.check-leaked-classloader": "false",
         }
         conf.update(self.extra_conf)
         with open(os.path.join(self.conf_dir, "flink-conf.yaml"), "w") as f:
