@@ -9,7 +9,7 @@ from apache_beam import pvalue
 from apache_beam.coders import coders
 
 from beam_upsert.metrics import UpsertCounters
-from beam_upsert.model import Invalid, check_command, check_key
+from beam_upsert.model import Invalid, UpsertCommand, check_command, check_key
 
 INVALID_TAG = "invalid"
 
@@ -26,6 +26,10 @@ CMD, PRIOR, STATE = "c", "p", "s"
 KEY_CODER = coders.FastPrimitivesCoder().as_deterministic_coder("beam_upsert key")
 encode_key = KEY_CODER.encode
 decode_key = KEY_CODER.decode
+# Keys and offsets of these exact types need no checking (check_key and
+# check_offset accept every value of them); anything else takes the full check.
+_PLAIN = frozenset((int, str, bytes))
+_COMMAND_TYPES = frozenset((UpsertCommand, tuple))
 
 
 class PrepareCommands(beam.DoFn):
@@ -38,16 +42,22 @@ class PrepareCommands(beam.DoFn):
         self._counters = UpsertCounters()
 
     def process(self, element: Any, timestamp=beam.DoFn.TimestampParam):
-        command, reason = check_command(element)
-        if command is None:
-            self._counters.invalid.inc()
-            yield pvalue.TaggedOutput(INVALID_TAG, Invalid(element, reason))
-            return
+        # The common case (scalar key and offset) skips the full check.
+        if type(element) in _COMMAND_TYPES and len(element) == 3 and type(
+                element[0]) in _PLAIN and type(element[2]) in _PLAIN:
+            key, value, offset = element
+        else:
+            command, reason = check_command(element)
+            if command is None:
+                self._counters.invalid.inc()
+                yield pvalue.TaggedOutput(INVALID_TAG, Invalid(element, reason))
+                return
+            key, value, offset = command
         micros = timestamp.micros
         if self._resume_at_micros is not None and micros < self._resume_at_micros:
             self._counters.dropped_before_resume.inc()
             return
-        yield encode_key(command.key), (CMD, micros, command.offset, command.value)
+        yield encode_key(key), (CMD, micros, offset, value)
 
 
 class PreparePrior(beam.DoFn):
