@@ -2,6 +2,7 @@
 
     python -m benchmarks.upsert_table_bench                  # 500,000 rows, 50,000 upserted
     python -m benchmarks.upsert_table_bench --rows 100000 --upserts 10000
+    python -m benchmarks.upsert_table_bench --rows 5000000 --only-supertable   # scale
 
 A table of ``--rows`` rows (``id`` int64 key, ``value`` int64, ``emb`` 64-d
 float32) on a local directory, then one upsert of ``--upserts`` rows: half
@@ -128,6 +129,8 @@ def main(argv=None) -> None:
     parser.add_argument("--rows", type=int, default=500_000)
     parser.add_argument("--upserts", type=int, default=50_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--only-supertable", action="store_true",
+                        help="skip delta-rs and LanceDB (for scale runs of the supertable)")
     args = parser.parse_args(argv)
     import pyarrow
     print(f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
@@ -139,8 +142,9 @@ def main(argv=None) -> None:
     root = tempfile.mkdtemp(prefix="upsert-table-bench-")
     try:
         ours = bench_supertable(root, base, batch, args.rounds)
-        delta = bench_delta(root, base, batch, args.rounds)
-        lance = bench_lance(root, base, batch, args.rounds)
+        skip = args.only_supertable
+        delta = None if skip else bench_delta(root, base, batch, args.rounds)
+        lance = None if skip else bench_lance(root, base, batch, args.rounds)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     s = ours["seconds"]
@@ -152,6 +156,8 @@ def main(argv=None) -> None:
                         delta),
                        ("LanceDB merge_insert (when_matched_update_all + "
                         "when_not_matched_insert_all)", lance)):
+        if args.only_supertable:
+            continue
         if took is None:
             print(f"{name}: not installed, skipped")
         else:
