@@ -7,6 +7,8 @@ Euclidean distance, ``cosine`` is ``1 - cos`` (computed on unit vectors) and
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 METRICS = ("l2", "cosine", "dot")
@@ -14,6 +16,8 @@ PICK_MAX_K = 4     # nearest(): up to this k, a pass per pick beats argpartition
 PICK_SHARE = 16    # and up to one pick per this many points (a vectorized argmax pass
 PICK_CAP = 64      # costs ~1/10 of a row-wise argpartition on 1,000+ points), capped
 _LOWEST = np.float32(np.finfo(np.float32).min)
+CHUNK_SCORES = 1 << 20  # nearest(): a 4 MB block of float32 scores per chunk of queries
+CHUNK_MIN_QUERIES = 128
 BOUND_SLACK = 1e-4  # bisector_bounds(): relative slack for rows assigned in float32
 
 
@@ -45,8 +49,15 @@ def distances(queries: np.ndarray, points: np.ndarray, metric: str) -> np.ndarra
 
 
 def nearest(queries: np.ndarray, points: np.ndarray, metric: str, k: int,
-            chunk: int = 4096) -> np.ndarray:
-    """Indices of the ``k`` nearest points for each query, nearest first."""
+            chunk: Optional[int] = None) -> np.ndarray:
+    """Indices of the ``k`` nearest points for each query, nearest first.
+
+    ``chunk`` queries are scored at a time (default: as many as keep the
+    score block near ``CHUNK_SCORES`` floats, so the passes over it after the
+    product stay in cache; the answers do not depend on it).
+    """
+    if chunk is None:
+        chunk = max(CHUNK_MIN_QUERIES, CHUNK_SCORES // max(1, len(points)))
     k = min(k, len(points))
     out = np.empty((len(queries), k), dtype=np.int64)
     if k < len(points) and k <= max(PICK_MAX_K, min(PICK_CAP, len(points) // PICK_SHARE)) \
