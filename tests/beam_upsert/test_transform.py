@@ -2,11 +2,8 @@
 
 from decimal import Decimal
 
-import apache_beam as beam
 import pytest
-from apache_beam.testing.test_pipeline import TestPipeline
-from apache_beam.testing.util import BeamAssertException, assert_that, equal_to
-from apache_beam.transforms import window
+from apache_beam.testing.util import BeamAssertException
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_upsert import Change, Upsert, UpsertCommand, UpsertError
@@ -187,35 +184,3 @@ def test_int_resume_at_is_microseconds_and_floats_are_refused(flavor):
     assert got["dropped_before_resume"] == 1
     with pytest.raises(TypeError, match=r"microseconds.*Timestamp\(5.0\)"):
         Upsert(flavor, resume_at=5.0)
-
-
-
-class _WindowOf(beam.DoFn):
-    def process(self, change, w=beam.DoFn.WindowParam, ts=beam.DoFn.TimestampParam):
-        yield repr(w), ts.micros, change.key, change.diff
-
-
-class _WindowStart(beam.DoFn):
-    def process(self, kv, w=beam.DoFn.WindowParam):
-        yield w.start.micros, kv[1]
-
-
-def test_changes_are_in_the_global_window_and_rewindow_by_their_times(flavor):
-    # Input in fixed windows upstream; the changes come out in the global
-    # window at their times, so a downstream WindowInto groups them by time.
-    commands = [("k", "a", 1, 0), ("k", "b", 2, 1), ("j", "x", 3, 1), ("j", None, 4, 3),
-                ("k", None, 5, 3)]
-    with TestPipeline() as p:
-        changes = (p | beam.Create(commands)
-                   | beam.Map(lambda c: window.TimestampedValue(UpsertCommand(*c[:3]), c[3]))
-                   | beam.WindowInto(window.FixedWindows(2))
-                   | Upsert(flavor))
-        assert_that(changes | "Where" >> beam.ParDo(_WindowOf()), equal_to([
-            ("GlobalWindow", 0, "k", 1), ("GlobalWindow", 1_000_000, "k", -1),
-            ("GlobalWindow", 1_000_000, "k", 1), ("GlobalWindow", 1_000_000, "j", 1),
-            ("GlobalWindow", 3_000_000, "j", -1), ("GlobalWindow", 3_000_000, "k", -1)]),
-            label="InTheGlobalWindow")
-        per_window = (changes | "Rewindow" >> beam.WindowInto(window.FixedWindows(2))
-                      | beam.Map(lambda c: ("n", c.diff)) | beam.CombinePerKey(sum)
-                      | beam.ParDo(_WindowStart()))
-        assert_that(per_window, equal_to([(0, 2), (2_000_000, -2)]), label="Rewindowed")

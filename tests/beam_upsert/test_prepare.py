@@ -1,0 +1,164 @@
+"""Unusual command elements: the prepare stage's fast path must act exactly as
+check_command does (valid ones keyed unchanged, the others to ``invalid``)."""
+
+import collections
+import decimal
+import enum
+
+import apache_beam as beam
+import numpy as np
+import pytest
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+from apache_beam.transforms.window import TimestampedValue
+
+from beam_upsert import Upsert, UpsertCommand
+from beam_upsert.model import check_command
+from tests.beam_upsert.helpers import counters
+
+FLAVORS = ("stateful", "grouped")
+
+
+class Color(enum.IntEnum):
+    RED = 7
+
+
+class MyStr(str):
+    pass
+
+
+class MyTuple(tuple):
+    pass
+
+
+OtherCmd = collections.namedtuple("OtherCmd", "key value offset")
+Reordered = collections.namedtuple("Reordered", "offset value key")
+
+ELEMENTS = [
+    ("plain", "v", 1),
+    (b"bytes", "v", b"o"),
+    ("stroff", "v", "o"),
+    (2 ** 70, "v", 2 ** 70),          # a big int key and offset
+    (-5, "v", -(2 ** 70)),
+    UpsertCommand("uc", "v", 1),
+    UpsertCommand("uc_none", None, 1),  # a delete of nothing
+    (True, "v", 1),                   # bool key
+    ("boolofs", "v", True),           # bool offset
+    (1.5, "v", 1),                    # float key
+    (float("nan"), "v", 1),           # NaN key
+    ("nanofs", "v", float("nan")),    # NaN offset
+    ("infofs", "v", float("inf")),
+    ("decofs", "v", decimal.Decimal("NaN")),
+    (np.int64(3), "v", 1),            # numpy key
+    ("npofs", "v", np.int64(3)),      # numpy offset
+    (Color.RED, "v", 1),              # IntEnum key
+    ("enumofs", "v", Color.RED),      # IntEnum offset
+    (("a", 1), "v", 1),               # tuple key
+    (("a", None), "v", 1),            # tuple key with None
+    ("tupofs", "v", (1, "a")),
+    (None, "v", 1),
+    ("noneofs", "v", None),
+    ["list", "v", 1],
+    {"key": "d", "value": "v", "offset": 1},
+    ("two", "v"),
+    ("four", "v", 1, 2),
+    (),
+    "abc",                            # a str of length 3
+    b"xyz",
+    OtherCmd("other", "v", 1),
+    Reordered(1, "v", "reord"),
+    MyTuple(("mytuple", "v", 1)),
+    UpsertCommand(None, "v", 1),
+    UpsertCommand("uc_badofs", "v", frozenset()),
+    ("objofs", "v", object),
+    ({"a": 1}, "v", 1),
+]
+
+
+def _oracle(elements):
+    changes, invalid = [], []
+    for i, element in enumerate(elements):
+        command, reason = check_command(element)
+        if command is None:
+            invalid.append((repr(element), reason))
+        elif command.value is not None:
+            changes.append((repr(command.key), type(command.key).__name__,
+                            repr(command.value), 1, i))
+    return changes, invalid
+
+
+class _Stamp(beam.DoFn):
+    def process(self, indexed):
+        i, element = indexed
+        yield TimestampedValue(element, i)
+
+
+class _Describe(beam.DoFn):
+    def process(self, change, ts=beam.DoFn.TimestampParam):
+        yield (repr(change.key), type(change.key).__name__, repr(change.value), change.diff,
+               ts.micros // 1_000_000)
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_unusual_elements_are_checked_as_by_check_command(flavor):
+    expected_changes, expected_invalid = _oracle(ELEMENTS)
+    p = TestPipeline()
+    result = (p | beam.Create(list(enumerate(ELEMENTS)), reshuffle=False)
+              | beam.ParDo(_Stamp())
+              | Upsert(flavor).with_invalid_output())
+    assert_that(result.changes | beam.ParDo(_Describe()), equal_to(expected_changes),
+                label="changes")
+    assert_that(result.invalid | beam.Map(lambda i: (repr(i.element), i.reason)),
+                equal_to(expected_invalid), label="invalid")
+    res = p.run()
+    res.wait_until_finish()
+    got = counters(res)
+    assert got.get("invalid", 0) == len(expected_invalid)
+    assert got.get("inserts", 0) == len(expected_changes)
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_resume_at_drops_fast_path_and_full_check_commands_alike(flavor):
+    # Times 0..5; resume at 3 s drops times 0, 1, 2 whichever path they take.
+    elements = [("a", "v", 1), (True, "v", 1), ("c", "v", 1.0),
+                ("d", "v", 1), (Color.RED, "v", 1), ("f", "v", np.int64(1))]
+    p = TestPipeline()
+    result = (p | beam.Create(list(enumerate(elements)), reshuffle=False)
+              | beam.ParDo(_Stamp())
+              | Upsert(flavor, resume_at=3_000_000).with_invalid_output())
+    assert_that(result.changes | beam.ParDo(_Describe()), equal_to([
+        ("'d'", "str", "'v'", 1, 3), ("<Color.RED: 7>", "Color", "'v'", 1, 4)]),
+        label="changes")
+    # An invalid element goes to invalid even before resume_at (as before).
+    assert_that(result.invalid | beam.Map(lambda i: repr(i.element)),
+                equal_to([repr(("f", "v", np.int64(1)))]), label="invalid")
+    res = p.run()
+    res.wait_until_finish()
+    got = counters(res)
+    assert got.get("dropped_before_resume", 0) == 3
+    assert got.get("invalid", 0) == 1
+
+
+STREAM_SKIP = ()
+
+
+def test_unusual_elements_on_streaming_input():
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+    from apache_beam.testing.test_stream import TestStream
+
+    elements = [e if i not in STREAM_SKIP else ("skip%d" % i, None, 1)
+                for i, e in enumerate(ELEMENTS)]
+    expected_changes, expected_invalid = _oracle(elements)
+    stream = TestStream()
+    for i, e in enumerate(elements):
+        stream = stream.add_elements([TimestampedValue(e, i)]).advance_watermark_to(i + 1)
+    stream = stream.advance_watermark_to_infinity()
+    options = PipelineOptions()
+    options.view_as(StandardOptions).streaming = True
+    p = TestPipeline(options=options)
+    result = p | stream | Upsert("stateful").with_invalid_output()
+    assert_that(result.changes | beam.ParDo(_Describe()), equal_to(expected_changes),
+                label="changes")
+    assert_that(result.invalid | beam.Map(lambda i: (repr(i.element), i.reason)),
+                equal_to(expected_invalid), label="invalid")
+    p.run().wait_until_finish()
