@@ -8,7 +8,7 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 
-from beam_upsert.model import Change
+from beam_upsert.model import transition_changes
 
 # Output stays in the global window: both flavors emit from a DoFn (or a
 # timer) whose input the transform re-windowed there. Changes leave as
@@ -45,16 +45,8 @@ class ChangeEmitter:
     def emit(self, key: Any, steps: Iterable[Tuple[int, Any, Any]],
              tally: List[int]) -> Iterator[WindowedValue]:
         """Yields each step's changes at its time; adds 1 to ``tally[step_kind]``."""
-        # transition_changes, inlined: this loop runs once per change.
-        stamps = self._stamps
         for at, old, new in steps:
-            ts = stamps.get(at)
-            if ts is None:
-                ts = self._timestamp(at)
-            if old is None:
-                tally[INSERT] += 1
-            else:
-                tally[UPDATE if new is not None else DELETE] += 1
-                yield WindowedValue(Change(key, old, -1), ts, GLOBAL_WINDOWS)
-            if new is not None:
-                yield WindowedValue(Change(key, new, 1), ts, GLOBAL_WINDOWS)
+            tally[step_kind(old, new)] += 1
+            ts = self._timestamp(at)
+            for change in transition_changes(key, old, new):
+                yield WindowedValue(change, ts, GLOBAL_WINDOWS)
