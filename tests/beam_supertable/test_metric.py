@@ -64,3 +64,16 @@ def test_scores_overflowed_by_huge_vectors_never_pick_a_point_twice(metric, k):
         got = nearest(queries, points, metric, k)
     assert got.shape == (2, k)
     assert all(len(set(row)) == k for row in got.tolist())
+
+
+@pytest.mark.parametrize("metric", METRICS)
+@pytest.mark.parametrize("k", [1, 3, 20])
+def test_the_picks_do_not_depend_on_how_the_queries_are_chunked(metric, k):
+    # The default chunk follows the point count (a block of about a million
+    # scores); any chunking must give the very same picks.
+    rng = np.random.default_rng(7)
+    points = prepare(rng.standard_normal((3000, 16)).astype(np.float32), metric)
+    queries = prepare(rng.standard_normal((900, 16)).astype(np.float32), metric)
+    whole = nearest(queries, points, metric, k, chunk=len(queries))
+    for chunk in (None, 1, 7, 128, 4096):
+        assert np.array_equal(nearest(queries, points, metric, k, chunk=chunk), whole), chunk
