@@ -253,48 +253,52 @@ class _SampleVectors(beam.CombineFn):
         self._dim = vector.dim if vector else 0
 
     def create_accumulator(self):
-        return (0, 0, np.zeros(0, np.float64), None)
+        # (rows, bytes, key chunks, vector chunks, the key a row must beat).
+        # Chunks are joined only when they reach twice the limit: joining on
+        # every batch copied the whole sample per batch.
+        return (0, 0, [], [], np.inf)
 
     def add_input(self, acc, table):
-        rows, nbytes, keys, sample = acc
+        rows, nbytes, keys, sample, bar = acc
         rows, nbytes = rows + table.num_rows, nbytes + table.nbytes
         if self._column is None or table.num_rows == 0:
-            return rows, nbytes, keys, sample
+            return rows, nbytes, keys, sample, bar
         u = np.random.random(table.num_rows)
-        if sample is not None and len(keys) >= self._limit:
-            take = u < np.partition(keys, self._limit - 1)[self._limit - 1]
-        else:
-            take = np.ones(table.num_rows, dtype=bool)
+        take = u < bar
         if take.any():
-            x = vectors_of(table.filter(pa.array(take)), self._column, self._dim)
-            keys = np.concatenate([keys, u[take]])
-            sample = x if sample is None else np.concatenate([sample, x])
-            if len(keys) > 2 * self._limit:
-                keys, sample = self._compact(keys, sample)
-        return rows, nbytes, keys, sample
+            column = table.select([self._column])
+            if not take.all():
+                column = column.filter(pa.array(take))
+            keys.append(u[take])
+            sample.append(vectors_of(column, self._column, self._dim))
+            if sum(len(k) for k in keys) > 2 * self._limit:
+                return (rows, nbytes) + self._compact(keys, sample)
+        return rows, nbytes, keys, sample, bar
 
     def _compact(self, keys, sample):
+        """The chunks as one chunk of at most ``limit`` rows, and the new bar."""
+        keys = np.concatenate(keys) if keys else np.zeros(0, np.float64)
+        sample = np.concatenate(sample) if sample else None
         if len(keys) <= self._limit:
-            return keys, sample
+            return [keys], [sample] if sample is not None else [], np.inf
         keep = np.argpartition(keys, self._limit - 1)[:self._limit]
-        return keys[keep], sample[keep]
+        keys, sample = keys[keep], sample[keep]
+        # Every row of the final sample has a key below the greatest kept now.
+        return [keys], [sample], float(keys.max())
 
     def merge_accumulators(self, accs):
         accs = list(accs)
         rows = sum(a[0] for a in accs)
         nbytes = sum(a[1] for a in accs)
-        parts = [a for a in accs if a[3] is not None]
-        if not parts:
-            return rows, nbytes, np.zeros(0, np.float64), None
-        keys, sample = self._compact(np.concatenate([a[2] for a in parts]),
-                                     np.concatenate([a[3] for a in parts]))
-        return rows, nbytes, keys, sample
+        keys = [k for a in accs for k in a[2]]
+        sample = [x for a in accs for x in a[3]]
+        return (rows, nbytes) + self._compact(keys, sample)
 
     def extract_output(self, acc):
-        rows, nbytes, keys, sample = acc
-        if sample is not None:
-            _, sample = self._compact(keys, sample)
-        return rows, nbytes, sample
+        rows, nbytes, keys, sample, _ = acc
+        if not sample:
+            return rows, nbytes, None
+        return rows, nbytes, self._compact(keys, sample)[1][0]
 
 
 class _Plan(beam.DoFn):
