@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, List, Tuple
+from typing import Any, Iterable, List, Optional, Tuple
 
 from apache_beam.transforms.window import GlobalWindow
-from apache_beam.utils.timestamp import Timestamp
+from apache_beam.utils import windowed_value
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_upsert.model import transition_changes
@@ -15,8 +15,10 @@ from beam_upsert.model import transition_changes
 # WindowedValues in that window: a TimestampedValue would make Beam call the
 # window function's assign for every change, which builds a new GlobalWindow
 # and its end timestamp each time (a sixth of the grouped flavor's time).
+# ``windowed_value.create`` (what Beam's coders build decoded elements with)
+# takes the time in micros, so no Timestamp object is built per change; one
+# is made on demand if a consumer asks for it.
 GLOBAL_WINDOWS = (GlobalWindow(),)
-STAMP_CACHE_SIZE = 4096
 INSERT, UPDATE, DELETE = 0, 1, 2
 
 
@@ -30,23 +32,18 @@ def step_kind(old: Any, new: Any) -> int:
 class ChangeEmitter:
     """Emits the changes of applied steps and tallies the steps by kind."""
 
-    def __init__(self) -> None:
-        # Change times repeat across keys; Timestamp objects are costly to build.
-        self._stamps: dict = {}
-
-    def _timestamp(self, micros: int) -> Timestamp:
-        ts = self._stamps.get(micros)
-        if ts is None:
-            if len(self._stamps) >= STAMP_CACHE_SIZE:
-                self._stamps.clear()
-            ts = self._stamps[micros] = Timestamp(micros=micros)
-        return ts
-
     def emit(self, key: Any, steps: Iterable[Tuple[int, Any, Any]],
-             tally: List[int]) -> Iterator[WindowedValue]:
-        """Yields each step's changes at its time; adds 1 to ``tally[step_kind]``."""
+             tally: List[int], out: Optional[list] = None) -> List[WindowedValue]:
+        """Each step's changes at its time, appended to ``out`` (or a new list),
+        and 1 added to ``tally[step_kind]``.
+
+        A list rather than a generator: a DoFn that returns its outputs as a
+        list lets Beam iterate them without resuming Python frames per change.
+        """
+        out = [] if out is None else out
+        create, append = windowed_value.create, out.append
         for at, old, new in steps:
             tally[step_kind(old, new)] += 1
-            ts = self._timestamp(at)
             for change in transition_changes(key, old, new):
-                yield WindowedValue(change, ts, GLOBAL_WINDOWS)
+                append(create(change, at, GLOBAL_WINDOWS))
+        return out

@@ -19,24 +19,25 @@ class GroupedUpsertFn(beam.DoFn):
         self._emitter = ChangeEmitter()
 
     def process(self, element):
+        # Outputs go back as one list (see ChangeEmitter.emit).
         key, entries = decode_key(element[0]), element[1]
         commands, priors = [], []
         for entry in entries:
             if entry[0] == CMD:
-                commands.append((entry[1], entry[2], entry[3]))
+                commands.append(entry[1:])          # (time_micros, offset, value)
             elif entry[0] == PRIOR:
                 priors.append(entry[1])
         if not commands:
             # A snapshot key that no command touches needs no checking: the
             # stateful flavor never looks at it either.
-            return
+            return ()
         prior, conflicts = resolve_prior(key, priors)
-        for invalid in conflicts:
-            yield pvalue.TaggedOutput(INVALID_TAG, invalid)
+        out = [pvalue.TaggedOutput(INVALID_TAG, invalid) for invalid in conflicts]
         applied = apply_times(KeyState(prior), commands, key=key)
         for _, offset, value, reason in applied.invalid:
-            yield pvalue.TaggedOutput(
-                INVALID_TAG, Invalid(UpsertCommand(key, value, offset), reason))
+            out.append(pvalue.TaggedOutput(
+                INVALID_TAG, Invalid(UpsertCommand(key, value, offset), reason)))
         tally = [0, 0, 0]
-        yield from self._emitter.emit(key, applied.steps, tally)
+        self._emitter.emit(key, applied.steps, tally, out)
         self._counters.add_steps(tally)
+        return out
