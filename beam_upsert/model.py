@@ -176,6 +176,25 @@ def check_key(key: Any) -> Optional[str]:
     )
 
 
+_PLAIN_BASES = (str, bytes, int, float)
+
+
+def plain_key(key: Any) -> Any:
+    """A checked ``key`` with its parts of a subclass of str, bytes, int or float
+    (bool excepted) as plain values, and its tuples as plain tuples.
+
+    Such a subclass has no deterministic encoding of its own; its plain value
+    is equal to it and hashes alike, so it is the same key to Python too.
+    """
+    kind = type(key)
+    if kind in _PLAIN_BASES or kind is bool:
+        return key
+    if isinstance(key, tuple):
+        return tuple(plain_key(part) for part in key)
+    base = next(b for b in _PLAIN_BASES if isinstance(key, b))
+    return base.__str__(key) if base is str else base(key)
+
+
 def _check_offset(offset: Any) -> Optional[str]:
     if offset is None:
         return "offset is None"

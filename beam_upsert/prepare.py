@@ -9,7 +9,7 @@ from apache_beam import pvalue
 from apache_beam.coders import coders
 
 from beam_upsert.metrics import UpsertCounters
-from beam_upsert.model import Invalid, UpsertCommand, check_command, check_key
+from beam_upsert.model import Invalid, UpsertCommand, check_command, check_key, plain_key
 
 INVALID_TAG = "invalid"
 
@@ -26,6 +26,18 @@ CMD, PRIOR, STATE = "c", "p", "s"
 KEY_CODER = coders.FastPrimitivesCoder().as_deterministic_coder("beam_upsert key")
 encode_key = KEY_CODER.encode
 decode_key = KEY_CODER.decode
+
+
+def _encode_checked(key: Any) -> bytes:
+    """The encoding of a key that passed ``check_key``."""
+    try:
+        return encode_key(key)
+    except TypeError:
+        # A part of a subclass of str, bytes, int or float (e.g. a ``str``
+        # subclass; Enum members and named tuples encode as they are).
+        return encode_key(plain_key(key))
+
+
 # Keys and offsets of these exact types need no checking (check_key and
 # check_offset accept every value of them); anything else takes the full check.
 _PLAIN = frozenset((int, str, bytes))
@@ -46,6 +58,7 @@ class PrepareCommands(beam.DoFn):
         if type(element) in _COMMAND_TYPES and len(element) == 3 and type(
                 element[0]) in _PLAIN and type(element[2]) in _PLAIN:
             key, value, offset = element
+            encode = encode_key
         else:
             command, reason = check_command(element)
             if command is None:
@@ -53,11 +66,12 @@ class PrepareCommands(beam.DoFn):
                 yield pvalue.TaggedOutput(INVALID_TAG, Invalid(element, reason))
                 return
             key, value, offset = command
+            encode = _encode_checked
         micros = timestamp.micros
         if self._resume_at_micros is not None and micros < self._resume_at_micros:
             self._counters.dropped_before_resume.inc()
             return
-        yield encode_key(key), (CMD, micros, offset, value)
+        yield encode(key), (CMD, micros, offset, value)
 
 
 class PreparePrior(beam.DoFn):
@@ -78,7 +92,7 @@ class PreparePrior(beam.DoFn):
             yield pvalue.TaggedOutput(INVALID_TAG, Invalid(element, "prior: " + reason))
             return
         self._counters.rehydrated.inc()
-        yield encode_key(element[0]), (PRIOR, element[1])
+        yield _encode_checked(element[0]), (PRIOR, element[1])
 
 
 class CountInvalid(beam.DoFn):
