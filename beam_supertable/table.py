@@ -124,7 +124,8 @@ class Supertable(TableWrites, TableSearch, TableIceberg, TableChanges, TableMain
                 rows of the first commit (~2.5 sqrt(rows) for large tables).
             replica_factor: share of rows also posted to their second-nearest
                 cell (vector-only), for rows within that share of the boundary.
-            stop_words: words the tokenizer drops (none by default).
+            stop_words: words the tokenizer drops (none by default), each one word
+                to the tokenizer, matched case-insensitively.
             text_analysis: how text becomes terms, at write and query time: English
                 (Snowball stemming, stop words) by default; ``None``: the plain
                 tokenizer; ``{"stemming": bool, "stop_words": bool}`` switches each.

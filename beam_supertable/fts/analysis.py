@@ -170,8 +170,26 @@ def fts_property(columns: Sequence[str], stop_words: Sequence[str],
                  text_analysis: AnalysisArg) -> Dict[str, Any]:
     """The ``fts`` table property ``create`` records."""
     return {"columns": list(columns),
-            "stop_words": sorted({w.casefold() for w in stop_words}),
+            "stop_words": sorted({_stop_word(w) for w in _words(stop_words)}),
             "analysis": normalize(text_analysis)}
+
+
+def _words(stop_words: Sequence[str]) -> Sequence[str]:
+    if isinstance(stop_words, (str, bytes)):
+        raise TypeError(f"stop_words must be a list of words, got the string {stop_words!r}")
+    return stop_words
+
+
+def _stop_word(word: str) -> str:
+    """``word`` as the tokenizer reads it in a text (lowered the tokenizer's way:
+    ``casefold`` would turn "Straße" into "strasse", a word no text then holds)."""
+    if not isinstance(word, str):
+        raise TypeError(f"stop_words: {word!r} is not a string")
+    words = tok.tokenize(word)
+    if len(words) != 1:
+        raise ValueError(f"stop_words: {word!r} is not one word to the tokenizer "
+                         f"(it reads {words})")
+    return words[0]
 
 
 def held_if_not_given(props: Dict[str, Any], held: Mapping[str, Any],

@@ -269,3 +269,27 @@ def test_migrating_a_chunk_table_keeps_its_analysis(tmp_path, analysis):
     assert analyzer_of(keyed.properties["fts"]) == analyzer_of(src.properties["fts"])
     assert keyed.search(text="why does dough rise", k=3, columns=["id"])["id"].to_pylist() \
         == src.search(text="why does dough rise", k=3, columns=["id"])["id"].to_pylist()
+
+
+def test_a_custom_stop_word_is_dropped_as_the_tokenizer_reads_it(tmp_path):
+    # "Straße" lowered the tokenizer's way is "straße"; casefold's "strasse"
+    # is a word no text holds, and the stop word would never be dropped.
+    docs = ["Die Straße ist lang.", "Eine STRASSE am Meer.", "Die Straße und das Meer."]
+    t = _table(str(tmp_path / "t"), docs, stop_words=["Straße", "Die"],
+               text_analysis={"stemming": False, "stop_words": False})
+    assert t.properties["fts"]["stop_words"] == ["die", "straße"]
+    terms = _terms(t)
+    assert "straße" not in terms and "die" not in terms and "strasse" in terms
+    assert t.search(text="straße", k=3).num_rows == 0
+    assert t.search(text="strasse meer", k=3)["n"].to_pylist()[0] == 1
+
+
+@pytest.mark.parametrize("bad, error, words", [
+    (["don't"], ValueError, "\"don't\" is not one word"),
+    (["  "], ValueError, "'  ' is not one word"),
+    ("the", TypeError, "a list of words"),
+    ([3], TypeError, "3 is not a string"),
+])
+def test_a_stop_word_the_tokenizer_cannot_match_is_refused(tmp_path, bad, error, words):
+    with pytest.raises(error, match=words):
+        Supertable.create(str(tmp_path / "t"), SCHEMA, fts_columns=["body"], stop_words=bad)
