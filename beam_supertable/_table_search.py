@@ -65,6 +65,9 @@ class TableSearch:
         unknown = [c for c in names if c not in self.user_schema.names]
         if unknown:
             raise SchemaMismatchError(f"{self.uri}: unknown column(s) {unknown}")
+        twice = sorted({c for c in names if names.count(c) > 1})
+        if twice:
+            raise ValueError(f"{self.uri}: column(s) {twice} asked for more than once")
         queries = None
         if vector is not None:
             vp = self._vector_props()
@@ -79,6 +82,11 @@ class TableSearch:
                     f"{np.asarray(vector).shape}")
             if not np.isfinite(queries).all():
                 raise ValueError(f"{self.uri}: query vector holds NaN or infinity")
+            if vp["metric"] == "l2":
+                # (with headroom: a distance adds the norms of both vectors)
+                with np.errstate(over="ignore"):
+                    sizes = 4 * np.einsum("ij,ij->i", queries, queries)
+                _refuse_overflow(self.uri, sizes, "l2")
         else:
             single = True
         if text is not None:
@@ -154,8 +162,25 @@ class TableSearch:
                     np.full((n_q, depth), -1, np.int64))
         metric = vp["metric"]
         q = prepare(queries, metric)
-        n_cells = len(centroids)
+        # The grid's centres stand for the rows' scale: distances that
+        # overflow float32 against them would rank nothing, silently.
         sha = self._snapshot.properties["grid"]["sha256"]
+        if metric != "cosine":
+            scale = getattr(self, "_grid_scale", None)
+            if scale is None or scale[0] != sha:
+                # (The grid is trained by squared distances whatever the metric.)
+                with np.errstate(over="ignore"):
+                    fits = bool(np.isfinite(4 * np.einsum("ij,ij->i", centroids, centroids)).all())
+                scale = self._grid_scale = (sha, fits, np.abs(centroids).max(axis=0))
+            if not scale[1]:
+                raise ValueError(
+                    f"{self.uri}: the table's vectors are too large for {metric} distances "
+                    f"in float32 (their squared norms overflow); rewrite them scaled down")
+            if metric == "dot":
+                with np.errstate(over="ignore"):
+                    sizes = np.abs(q) @ scale[2]
+                _refuse_overflow(self.uri, sizes, "dot")
+        n_cells = len(centroids)
         law = self._probe_law()
         probe = nprobe or calibrate.nprobe_for_target(law, sha, n_cells, recall_target)
         # Bounds need every row assigned to its nearest centre of this grid.
@@ -390,3 +415,12 @@ def _unique_rows(probes: np.ndarray) -> np.ndarray:
     dup[:, 1:] = order[:, 1:] == order[:, :-1]
     order[dup] = -1
     return order
+
+
+def _refuse_overflow(uri: str, sizes: np.ndarray, metric: str) -> None:
+    """Raises for the first query whose ``sizes`` (float32) overflowed."""
+    overflow = ~np.isfinite(sizes)
+    if overflow.any():
+        raise ValueError(
+            f"{uri}: query vector {int(np.flatnonzero(overflow)[0])} is too large for "
+            f"{metric} distances in float32 (they overflow; scale it down)")

@@ -31,8 +31,17 @@ def prepare(vectors: np.ndarray, metric: str) -> np.ndarray:
     """What the index stores and compares: unit vectors for cosine."""
     x = np.ascontiguousarray(vectors, dtype=np.float32)
     if metric == "cosine":
-        norms = np.linalg.norm(x, axis=-1, keepdims=True)
-        x = x / np.where(norms == 0, 1, norms)
+        with np.errstate(over="ignore"):
+            norms = np.linalg.norm(x, axis=-1, keepdims=True)
+        huge = ~np.isfinite(norms)
+        if huge.any():
+            # A vector of finite values whose norm overflows float32 still has
+            # a direction: measured in float64, it is the same unit vector.
+            rows = np.flatnonzero(huge.reshape(-1))
+            wide = x.reshape(-1, x.shape[-1])[rows].astype(np.float64)
+            norms = norms.astype(np.float64)
+            norms.reshape(-1)[rows] = np.linalg.norm(wide, axis=-1)
+        x = (x / np.where(norms == 0, 1, norms)).astype(np.float32, copy=False)
     return x
 
 

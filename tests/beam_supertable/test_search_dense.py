@@ -210,22 +210,67 @@ def test_batches_racing_on_one_handle_answer_as_one(tmp_path):
     assert _blas_threads() == before
 
 
-@pytest.mark.parametrize("nprobe", [1, 4])
-def test_a_batch_over_vectors_whose_squares_overflow_float32_answers(tmp_path, nprobe):
+@pytest.mark.parametrize("metric", ["l2", "dot", "cosine"])
+@pytest.mark.parametrize("batch", [False, True])
+def test_rows_whose_squares_overflow_float32_are_refused_unless_cosine(tmp_path, metric, batch):
     """The writer takes finite vectors of ~1e20, whose squared norms overflow
-    float32 (scores turn inf or NaN): a batch must still answer, each row at
-    most once per query, never an index past the table's rows."""
+    float32: l2 and dot distances (and the grid's training) overflow, and a
+    search would find nothing or a few rows, silently. It says so instead;
+    cosine compares directions, and answers."""
     rng = np.random.default_rng(2)
     x = rng.normal(size=(400, 4)).astype(np.float32) * np.float32(1e20)
-    q = rng.normal(size=(20, 4)).astype(np.float32) * np.float32(1e20)
+    q = rng.normal(size=(20, 4)).astype(np.float32)
+    q = q if batch else q[0]
     with np.errstate(over="ignore", invalid="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)   # (sklearn's k-means casts too)
-        t = Supertable.create(str(tmp_path / "t"), _data(x).schema, vector_column="emb")
+        t = Supertable.create(str(tmp_path / "t"), _data(x).schema, vector_column="emb",
+                              metric=metric)
         t.append(_data(x))
-        got = t.search(vector=q, k=10, nprobe=nprobe, columns=["id"])
-    for ids in _per_query(got, len(q))[0]:
-        assert len(set(ids.tolist())) == len(ids)
-        assert set(ids.tolist()) <= set(range(400))
+        if metric != "cosine":
+            with pytest.raises(ValueError, match="the table's vectors are too large for "
+                                                 f"{metric} distances in float32"):
+                t.search(vector=q, k=10, columns=["id"])
+            return
+        got = t.search(vector=q, k=10, nprobe=400, columns=["id"])
+    want, _ = _exact(x, np.arange(400), np.atleast_2d(q), "cosine", 10)
+    ids = _per_query(got, len(q))[0] if batch else [got["id"].to_numpy()]
+    assert [i.tolist() for i in ids] == want.tolist()
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_a_query_too_large_for_float32_distances_is_refused_naming_it(tmp_path, batch):
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(300, 8)).astype(np.float32)
+    tables = {}
+    for metric in ("l2", "dot", "cosine"):
+        tables[metric] = Supertable.create(str(tmp_path / metric), _data(x).schema,
+                                           vector_column="emb", metric=metric)
+        tables[metric].append(_data(x))
+    q = rng.normal(size=(3, 8)).astype(np.float32)
+    huge = q.copy()
+    huge[-1] *= np.float32(1e20)
+    with pytest.raises(ValueError, match=f"query vector {2 if batch else 0} is too large "
+                                         "for l2 distances"):
+        tables["l2"].search(vector=huge if batch else huge[-1], k=5)
+    huger = q.copy()
+    huger[-1] = np.float32(1e38)
+    with pytest.raises(ValueError, match="is too large for dot distances"):
+        tables["dot"].search(vector=huger if batch else huger[-1], k=5)
+    # A dot product of ~1e20 fits float32, and a direction is a direction.
+    for metric, scaled in (("dot", huge[-1]), ("cosine", huge[-1])):
+        got = tables[metric].search(vector=scaled, k=5, nprobe=10_000, columns=["id"])
+        want, _ = _exact(x, np.arange(300), q[-1:], metric, 5)
+        assert got["id"].to_pylist() == want[0].tolist()
+
+
+def test_a_column_asked_for_twice_is_refused(tmp_path):
+    x = np.random.default_rng(4).normal(size=(50, 4)).astype(np.float32)
+    t = Supertable.create(str(tmp_path / "t"), _data(x).schema, vector_column="emb")
+    t.append(_data(x))
+    with pytest.raises(ValueError, match=r"column\(s\) \['id'\] asked for more than once"):
+        t.search(vector=x[0], k=3, columns=["id", "emb", "id"])
+    assert t.search(vector=x[0], k=3, columns=["id", "emb"]).column_names == [
+        "_id", "id", "emb", "_distance"]
 
 
 def test_a_refreshed_handle_searches_the_new_schema_and_rows(tmp_path):
