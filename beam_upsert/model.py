@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import decimal
+import enum
 import math
 import numbers
 from operator import itemgetter
@@ -176,23 +177,36 @@ def check_key(key: Any) -> Optional[str]:
     )
 
 
-_PLAIN_BASES = (str, bytes, int, float)
+_EXACT_KEYS = frozenset((str, bytes, int, float, bool))
 
 
 def plain_key(key: Any) -> Any:
     """A checked ``key`` with its parts of a subclass of str, bytes, int or float
-    (bool excepted) as plain values, and its tuples as plain tuples.
+    as their plain values (Enum members excepted), or ``key`` itself when none is.
 
-    Such a subclass has no deterministic encoding of its own; its plain value
-    is equal to it and hashes alike, so it is the same key to Python too.
+    Such a subclass has no deterministic encoding of its own (Beam's coder
+    refuses it, or pickles its state, which may not hold its value); its plain
+    value is equal to it and hashes alike, so it is the same key to Python too.
+    The values are taken past any override of ``__str__``, ``__int__`` and the like.
     """
     kind = type(key)
-    if kind in _PLAIN_BASES or kind is bool:
+    if kind in _EXACT_KEYS or isinstance(key, enum.Enum):
         return key
     if isinstance(key, tuple):
-        return tuple(plain_key(part) for part in key)
-    base = next(b for b in _PLAIN_BASES if isinstance(key, b))
-    return base.__str__(key) if base is str else base(key)
+        parts = tuple(plain_key(part) for part in key)
+        same = all(new is old for new, old in zip(parts, key))
+        if hasattr(kind, "_make"):   # a named tuple keeps its class (and its encoding)
+            return key if same else kind._make(parts)
+        return key if same and kind is tuple else parts
+    if isinstance(key, str):
+        return str.__str__(key)
+    if isinstance(key, bytes):
+        return bytes(memoryview(key))
+    if isinstance(key, int):
+        return int.__int__(key)
+    if isinstance(key, float):
+        return float.__float__(key)
+    return key
 
 
 def _check_offset(offset: Any) -> Optional[str]:

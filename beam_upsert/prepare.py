@@ -30,12 +30,7 @@ decode_key = KEY_CODER.decode
 
 def _encode_checked(key: Any) -> bytes:
     """The encoding of a key that passed ``check_key``."""
-    try:
-        return encode_key(key)
-    except TypeError:
-        # A part of a subclass of str, bytes, int or float (e.g. a ``str``
-        # subclass; Enum members and named tuples encode as they are).
-        return encode_key(plain_key(key))
+    return encode_key(plain_key(key))
 
 
 # Keys and offsets of these exact types need no checking (check_key and

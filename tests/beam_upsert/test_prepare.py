@@ -168,12 +168,33 @@ class MyInt(int):
     pass
 
 
+class Stateful(str):
+    """Beam's coder would pickle its (empty) state: every one the same bytes."""
+
+    def __setstate__(self, state):
+        pass
+
+
+class Overriding(bytes):
+    def __bytes__(self):
+        return b"other"
+
+
+class Pair(collections.namedtuple("Pair", "name n")):
+    pass
+
+
 @pytest.mark.parametrize("flavor", FLAVORS)
 def test_a_key_of_a_str_subclass_is_the_plain_key_it_equals(flavor):
     # Python finds MyStr("k") == "k" (and hashes them alike), so the upsert
-    # does too: one key, whose later command wins, reported as a plain str.
+    # does too: one key, whose later command wins, reported as a plain value.
     elements = [(MyStr("k"), "a", 1), ("k", "b", 2), ((MyStr("t"), MyInt(2)), "c", 1),
-                (("t", 2), "d", 2), (MyInt(5), "e", 1)]
+                (("t", 2), "d", 2), (MyInt(5), "e", 1),
+                (Stateful("alice"), "f", 1), (Stateful("bob"), "g", 1),
+                (Overriding(b"o"), "h", 1), (b"o", "i", 2),
+                (Pair(MyStr("p"), 1), "j", 1), (Pair("p", 1), "k", 2),
+                ((Color.RED, MyStr("x")), "l", 1), ((Color.RED, "x"), "m", 2),
+                (MyTuple((MyStr("u"), 1)), "n", 1), (("u", 1), "o", 2)]
     p = TestPipeline()
     result = (p | beam.Create(list(enumerate(elements)), reshuffle=False)
               | beam.ParDo(_Stamp())
@@ -181,18 +202,32 @@ def test_a_key_of_a_str_subclass_is_the_plain_key_it_equals(flavor):
     assert_that(result.changes | beam.ParDo(_Describe()), equal_to([
         ("'k'", "str", "'a'", 1, 0), ("'k'", "str", "'a'", -1, 1), ("'k'", "str", "'b'", 1, 1),
         ("('t', 2)", "tuple", "'c'", 1, 2), ("('t', 2)", "tuple", "'c'", -1, 3),
-        ("('t', 2)", "tuple", "'d'", 1, 3), ("5", "int", "'e'", 1, 4)]), label="changes")
+        ("('t', 2)", "tuple", "'d'", 1, 3), ("5", "int", "'e'", 1, 4),
+        ("'alice'", "str", "'f'", 1, 5), ("'bob'", "str", "'g'", 1, 6),
+        ("b'o'", "bytes", "'h'", 1, 7), ("b'o'", "bytes", "'h'", -1, 8),
+        ("b'o'", "bytes", "'i'", 1, 8),
+        ("Pair(name='p', n=1)", "Pair", "'j'", 1, 9),
+        ("Pair(name='p', n=1)", "Pair", "'j'", -1, 10),
+        ("Pair(name='p', n=1)", "Pair", "'k'", 1, 10),
+        ("(<Color.RED: 7>, 'x')", "tuple", "'l'", 1, 11),
+        ("(<Color.RED: 7>, 'x')", "tuple", "'l'", -1, 12),
+        ("(<Color.RED: 7>, 'x')", "tuple", "'m'", 1, 12),
+        ("('u', 1)", "tuple", "'n'", 1, 13), ("('u', 1)", "tuple", "'n'", -1, 14),
+        ("('u', 1)", "tuple", "'o'", 1, 14)]), label="changes")
     assert_that(result.invalid, equal_to([]), label="invalid")
     p.run().wait_until_finish()
 
 
 def test_a_snapshot_key_of_a_str_subclass_meets_its_commands():
     p = TestPipeline()
-    commands = (p | "commands" >> beam.Create([(0, ("k", "new", 1))], reshuffle=False)
+    prior = p | "prior" >> beam.Create([(MyStr("k"), "old"), (Pair(MyStr("p"), 1), "was")])
+    commands = (p | "commands" >> beam.Create(
+        [(0, ("k", "new", 1)), (0, (Pair("p", 1), "now", 1))], reshuffle=False)
                 | beam.ParDo(_Stamp()))
-    prior = p | "prior" >> beam.Create([(MyStr("k"), "old")])
     result = commands | Upsert("grouped", prior=prior).with_invalid_output()
     assert_that(result.changes | beam.ParDo(_Describe()), equal_to([
-        ("'k'", "str", "'old'", -1, 0), ("'k'", "str", "'new'", 1, 0)]), label="changes")
+        ("'k'", "str", "'old'", -1, 0), ("'k'", "str", "'new'", 1, 0),
+        ("Pair(name='p', n=1)", "Pair", "'was'", -1, 0),
+        ("Pair(name='p', n=1)", "Pair", "'now'", 1, 0)]), label="changes")
     assert_that(result.invalid, equal_to([]), label="invalid")
     p.run().wait_until_finish()
