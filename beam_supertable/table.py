@@ -125,7 +125,7 @@ class Supertable(TableWrites, TableSearch, TableIceberg, TableChanges, TableMain
             replica_factor: share of rows also posted to their second-nearest
                 cell (vector-only), for rows within that share of the boundary.
             stop_words: words the tokenizer drops (none by default), each one word
-                to the tokenizer, matched case-insensitively.
+                to the tokenizer, lowered as it lowers the words of a text.
             text_analysis: how text becomes terms, at write and query time: English
                 (Snowball stemming, stop words) by default; ``None``: the plain
                 tokenizer; ``{"stemming": bool, "stop_words": bool}`` switches each.
@@ -137,6 +137,7 @@ class Supertable(TableWrites, TableSearch, TableIceberg, TableChanges, TableMain
         """
         if mode not in CREATE_MODES:
             raise ValueError(f"{uri}: mode must be one of {CREATE_MODES}, got {mode!r}")
+        stop_words = fts_analysis.stop_word_list(stop_words)   # (read once: it may be an iterator)
         full, props = cls.describe_create(
             uri, schema, vector_column=vector_column, metric=metric, fts_columns=fts_columns,
             n_cells=n_cells, replica_factor=replica_factor, stop_words=stop_words,
@@ -154,6 +155,8 @@ class Supertable(TableWrites, TableSearch, TableIceberg, TableChanges, TableMain
             else:
                 table._check_settings(full, props, text_analysis is not fts_analysis.DEFAULT)
                 return table
+        if fts_columns:
+            fts_analysis.check_stop_words(stop_words)   # (a table there may hold one)
         try:
             return cls(store, manifest.create(full, props), cache_bytes=cache_bytes)
         except TableExistsError:

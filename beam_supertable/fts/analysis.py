@@ -16,7 +16,8 @@ from __future__ import annotations
 import functools
 import threading
 from dataclasses import dataclass
-from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import (
+    Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple, Union)
 
 import numpy as np
 import pyarrow as pa
@@ -168,28 +169,48 @@ def _stemmer(language: str):
 
 def fts_property(columns: Sequence[str], stop_words: Sequence[str],
                  text_analysis: AnalysisArg) -> Dict[str, Any]:
-    """The ``fts`` table property ``create`` records."""
+    """The ``fts`` table property ``create`` records (``check_stop_words`` says
+    which stop words a new table refuses)."""
     return {"columns": list(columns),
-            "stop_words": sorted({_stop_word(w) for w in _words(stop_words)}),
+            "stop_words": sorted({_lowered(w) for w in stop_word_list(stop_words)}),
             "analysis": normalize(text_analysis)}
 
 
-def _words(stop_words: Sequence[str]) -> Sequence[str]:
-    if isinstance(stop_words, (str, bytes)):
-        raise TypeError(f"stop_words must be a list of words, got the string {stop_words!r}")
-    return stop_words
+def stop_word_list(stop_words: Sequence[str]) -> List[str]:
+    """``stop_words`` as a list, once checked to be one of strings."""
+    if isinstance(stop_words, (str, bytes)) or not isinstance(stop_words, Iterable) \
+            or isinstance(stop_words, Mapping):
+        raise TypeError(f"stop_words must be a list of words, got {stop_words!r}")
+    for word in stop_words:
+        if not isinstance(word, str):
+            raise TypeError(f"stop_words: {word!r} is not a string")
+    return list(stop_words)
 
 
-def _stop_word(word: str) -> str:
-    """``word`` as the tokenizer reads it in a text (lowered the tokenizer's way:
-    ``casefold`` would turn "Straße" into "strasse", a word no text then holds)."""
-    if not isinstance(word, str):
-        raise TypeError(f"stop_words: {word!r} is not a string")
+def _lowered(word: str) -> str:
+    """``word`` as the tokenizer reads it in a text: lowered its way (``casefold``
+    would turn "Straße" into "strasse", a word no text then holds)."""
     words = tok.tokenize(word)
-    if len(words) != 1:
-        raise ValueError(f"stop_words: {word!r} is not one word to the tokenizer "
-                         f"(it reads {words})")
-    return words[0]
+    return words[0] if len(words) == 1 else pc.utf8_lower(pa.scalar(word)).as_py()
+
+
+def check_stop_words(stop_words: Sequence[str]) -> None:
+    """Refuses a stop word the tokenizer reads as no word or as several: it
+    could never be dropped (a table created before this check may hold one)."""
+    for word in stop_word_list(stop_words):
+        words = tok.tokenize(word)
+        if len(words) != 1:
+            raise ValueError(f"stop_words: {word!r} is not one word to the tokenizer "
+                             f"(it reads {words})")
+
+
+def matchable(stop_words: Sequence[str]) -> List[str]:
+    """The stop words the tokenizer can match (the others never dropped a word)."""
+    return [w for w in stop_words if len(tok.tokenize(w)) == 1]
+
+
+def _folded(words: Sequence[str]) -> FrozenSet[str]:
+    return frozenset(w.casefold() for w in words)
 
 
 def held_if_not_given(props: Dict[str, Any], held: Mapping[str, Any],
@@ -200,9 +221,13 @@ def held_if_not_given(props: Dict[str, Any], held: Mapping[str, Any],
     mine, theirs = props.get("fts"), held.get("fts")
     if not mine or not theirs:
         return props
-    if given and not ("analysis" not in theirs and mine.get("analysis") == PLAIN):
-        return props
-    fts = {k: v for k, v in mine.items() if k != "analysis"}
-    if "analysis" in theirs:
-        fts["analysis"] = theirs["analysis"]
+    fts = dict(mine)
+    # A table created before stop words were lowered the tokenizer's way holds
+    # them casefolded: the same words given now still open it, as they are.
+    if "stop_words" in theirs and _folded(mine["stop_words"]) == _folded(theirs["stop_words"]):
+        fts["stop_words"] = theirs["stop_words"]
+    if not given or ("analysis" not in theirs and mine.get("analysis") == PLAIN):
+        fts.pop("analysis", None)
+        if "analysis" in theirs:
+            fts["analysis"] = theirs["analysis"]
     return {**props, "fts": fts}

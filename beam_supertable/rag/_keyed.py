@@ -35,6 +35,7 @@ from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_supertable.errors import SchemaMismatchError
+from beam_supertable.fts.analysis import matchable
 from beam_supertable.table import Supertable
 from beam_supertable.transforms import INVALID_TAG
 from beam_upsert.model import Invalid
@@ -216,6 +217,6 @@ def migrate_chunk_table(src: str, dst: str, *, storage_options: Optional[dict] =
     target = Supertable.create(
         dst, source.user_schema, primary_key=ID_COLUMN, vector_column=EMBEDDING_COLUMN,
         metric=vp["metric"], fts_columns=[CONTENT_COLUMN], n_cells=n_cells,
-        stop_words=fp.get("stop_words", ()), text_analysis=fp.get("analysis", "none"),
+        stop_words=matchable(fp.get("stop_words", ())), text_analysis=fp.get("analysis", "none"),
         storage_options=storage_options)
     return target.upsert(keep, metadata={"migrated_from": src})

@@ -289,7 +289,41 @@ def test_a_custom_stop_word_is_dropped_as_the_tokenizer_reads_it(tmp_path):
     (["  "], ValueError, "'  ' is not one word"),
     ("the", TypeError, "a list of words"),
     ([3], TypeError, "3 is not a string"),
+    ({"the": 1}, TypeError, "a list of words"),
 ])
 def test_a_stop_word_the_tokenizer_cannot_match_is_refused(tmp_path, bad, error, words):
     with pytest.raises(error, match=words):
         Supertable.create(str(tmp_path / "t"), SCHEMA, fts_columns=["body"], stop_words=bad)
+
+
+def _created_with_casefolded_stop_words(uri, schema, words, **kwargs):
+    """A table as created when stop words were stored casefolded, whole."""
+    full, props = Supertable.describe_create(uri, schema, stop_words=["x"], **kwargs)
+    props["fts"]["stop_words"] = sorted({w.casefold() for w in words})
+    Manifest(ObjectStore(uri)).create(full, props)
+    return Supertable.open(uri)
+
+
+def test_a_table_holding_casefolded_stop_words_opens_and_migrates_with_them(tmp_path):
+    words = ["Straße", "don't", "the"]
+    uri = str(tmp_path / "t")
+    held = _created_with_casefolded_stop_words(uri, SCHEMA, words, fts_columns=["body"])
+    again = Supertable.create(uri, SCHEMA, fts_columns=["body"], stop_words=words,
+                              mode="exist_ok")
+    assert again.properties["fts"] == held.properties["fts"]
+    with pytest.raises(SchemaMismatchError, match="stop_words"):
+        Supertable.create(uri, SCHEMA, fts_columns=["body"], stop_words=["the"],
+                          mode="exist_ok")
+    # Migrating keeps the words the tokenizer can match ("don't" never matched).
+    src = _created_with_casefolded_stop_words(
+        str(tmp_path / "chunks"), chunk_schema(4), words, vector_column="embedding",
+        fts_columns=["content"])
+    src.append(pa.table({"id": ["a", "b"], "content": ["the strasse", "don't stop"],
+                         "embedding": [[1.0, 0, 0, 0], [0, 1.0, 0, 0]],
+                         "metadata": ["{}"] * 2}, schema=chunk_schema(4)))
+    migrate_chunk_table(src.uri, str(tmp_path / "keyed"))
+    keyed = Supertable.open(str(tmp_path / "keyed"))
+    assert keyed.properties["fts"]["stop_words"] == ["strasse", "the"]
+    for query in ("the strasse", "don't"):
+        assert keyed.search(text=query, k=2, columns=["id"])["id"].to_pylist() == \
+            src.search(text=query, k=2, columns=["id"])["id"].to_pylist()
