@@ -16,6 +16,8 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 import numpy as np
 import pyarrow as pa
 
+from beam_supertable.schema import TOO_LARGE, overflowing_row
+
 _MISSING = object()
 _CONVERT_ERRORS = (pa.ArrowException, TypeError, ValueError, OverflowError)
 _FLOAT_NAMES = {pa.float16(): "float16", pa.float32(): "float32", pa.float64(): "float64"}
@@ -98,6 +100,8 @@ def _vector_problem(field: pa.Field, value: Any, finite: bool) -> Optional[str]:
                 return f"{want}, got {_NON_FINITE.get(str(v), v)} at position {i}"
             if not np.isfinite(n):   # finite here, but not once narrowed to the table's floats
                 return f"{want}, got {v!r} at position {i}, beyond {item_name}'s range"
+        if overflowing_row(np.asarray(narrowed, np.float64)[None, :]) is not None:
+            return f"column {field.name!r}: the vector {TOO_LARGE}"
     return None
 
 

@@ -147,4 +147,25 @@ def _conform_vectors(uri: str, col, field: pa.Field):
         row = int(np.argmax(bad) // dim)
         raise SchemaMismatchError(
             f"{uri}: vector column {field.name!r}: row {row} holds NaN or infinity")
+    row = overflowing_row(values.reshape(-1, dim))
+    if row is not None:
+        raise SchemaMismatchError(
+            f"{uri}: vector column {field.name!r}: row {row} {TOO_LARGE}")
     return col
+
+
+# Every metric's distances (and the grid's training) square a vector's norm in
+# float32; a quarter of float32's range leaves room to add two of them.
+SQUARED_NORM_LIMIT = float(np.finfo(np.float32).max) / 4
+TOO_LARGE = ("is too large: its squared norm overflows float32 distances "
+             f"(keep it under {SQUARED_NORM_LIMIT:.2g})")
+
+
+def overflowing_row(vectors: np.ndarray) -> Optional[int]:
+    """The first of ``vectors`` (finite, ``[rows, dim]``) whose squared norm is
+    past ``SQUARED_NORM_LIMIT``, or None."""
+    if not vectors.size or max(vectors.max(), -vectors.min()) ** 2 * vectors.shape[1] \
+            <= SQUARED_NORM_LIMIT:
+        return None   # (the common case, without squaring every value)
+    over = np.flatnonzero(np.einsum("ij,ij->i", vectors, vectors) > SQUARED_NORM_LIMIT)
+    return int(over[0]) if len(over) else None

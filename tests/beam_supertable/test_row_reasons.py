@@ -15,7 +15,8 @@ MISSING = object()
 
 anything = (st.none() | st.booleans() | st.integers() | st.integers(-2**80, 2**80)
             | st.floats() | st.text(max_size=5) | st.binary(max_size=5))
-vectors = st.lists(st.floats() | st.integers(-2**30, 2**30) | st.none() | st.text(max_size=2),
+vectors = st.lists(st.floats() | st.floats(-1e21, 1e21) | st.integers(-2**30, 2**30) | st.none()
+                   | st.text(max_size=2),
                    min_size=2, max_size=4)
 columns = {
     "reading": st.just(MISSING) | anything,
@@ -56,6 +57,9 @@ def test_the_rows_named_are_the_rows_conform_refuses(batch):
     ({"reading": 1, "emb": [1.0, 2.0]}, "column 'emb' expects 3 float32 values, got 2"),
     ({"reading": 1, "emb": [1.0, float("-inf"), 2.0]},
      "column 'emb' expects 3 finite float32 values, got minus infinity at position 1"),
+    ({"reading": 1, "emb": [1.0, 1e20, 2.0]},
+     "column 'emb': the vector is too large: its squared norm overflows float32 distances "
+     "(keep it under 8.5e+37)"),
     ({"reading": 1, "emb": [1.0, None, 2.0]},
      "column 'emb' expects 3 float32 values, got null at position 1"),
     ({"reading": 1, "emb": [16777217, 0, 0]},

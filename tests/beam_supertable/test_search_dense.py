@@ -15,6 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from beam_supertable import Supertable
+from beam_supertable import schema as schema_mod
+from beam_supertable.errors import SchemaMismatchError
 from beam_supertable.vector import dense
 from beam_supertable.vector.metric import prepare
 
@@ -211,28 +213,48 @@ def test_batches_racing_on_one_handle_answer_as_one(tmp_path):
 
 
 @pytest.mark.parametrize("metric", ["l2", "dot", "cosine"])
+def test_a_row_too_large_for_float32_distances_is_refused_naming_it(tmp_path, metric):
+    """Finite vectors of ~1e20 square past float32: distances (and the grid's
+    training) overflow, and search would find nothing, or a few rows, silently."""
+    x = np.random.default_rng(2).normal(size=(40, 4)).astype(np.float32)
+    t = Supertable.create(str(tmp_path / "t"), _data(x).schema, vector_column="emb",
+                          metric=metric)
+    t.append(_data(x))
+    huge = x.copy()
+    huge[7] *= np.float32(1e20)
+    with pytest.raises(SchemaMismatchError, match="vector column 'emb': row 7 is too large: "
+                                                  "its squared norm overflows float32"):
+        t.append(_data(huge, start=40))
+    assert t.refresh().count_rows() == 40
+
+
+@pytest.mark.parametrize("metric", ["l2", "dot", "cosine"])
 @pytest.mark.parametrize("batch", [False, True])
-def test_rows_whose_squares_overflow_float32_are_refused_unless_cosine(tmp_path, metric, batch):
-    """The writer takes finite vectors of ~1e20, whose squared norms overflow
-    float32: l2 and dot distances (and the grid's training) overflow, and a
-    search would find nothing or a few rows, silently. It says so instead;
-    cosine compares directions, and answers."""
+def test_a_table_written_with_rows_too_large_is_refused_unless_cosine(
+        tmp_path, monkeypatch, metric, batch):
+    """A table written before such rows were refused: l2 and dot search say so
+    in one line; cosine compares directions, and answers."""
+    monkeypatch.setattr(schema_mod, "overflowing_row", lambda vectors: None)
     rng = np.random.default_rng(2)
-    x = rng.normal(size=(400, 4)).astype(np.float32) * np.float32(1e20)
+    x = rng.normal(size=(400, 4)) * 1e20
     q = rng.normal(size=(20, 4)).astype(np.float32)
     q = q if batch else q[0]
     with np.errstate(over="ignore", invalid="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)   # (sklearn's k-means casts too)
-        t = Supertable.create(str(tmp_path / "t"), _data(x).schema, vector_column="emb",
-                              metric=metric)
-        t.append(_data(x))
+        t = Supertable.create(str(tmp_path / "t"), _data(x.astype(np.float32)).schema,
+                              vector_column="emb", metric=metric)
+        t.append(_data(x.astype(np.float32)))
         if metric != "cosine":
             with pytest.raises(ValueError, match="the table's vectors are too large for "
                                                  f"{metric} distances in float32"):
                 t.search(vector=q, k=10, columns=["id"])
             return
         got = t.search(vector=q, k=10, nprobe=400, columns=["id"])
-    want, _ = _exact(x, np.arange(400), np.atleast_2d(q), "cosine", 10)
+    # The reference in float64, apart from the code under test.
+    unit = x / np.linalg.norm(x, axis=1, keepdims=True)
+    qs = np.atleast_2d(q).astype(np.float64)
+    want = np.argsort(-(qs @ unit.T) / np.linalg.norm(qs, axis=1, keepdims=True), axis=1,
+                      kind="stable")[:, :10]
     ids = _per_query(got, len(q))[0] if batch else [got["id"].to_numpy()]
     assert [i.tolist() for i in ids] == want.tolist()
 

@@ -243,7 +243,8 @@ def test_each_kind_of_bad_row_is_an_invalid_naming_row_column_and_type(tmp_path)
            _sensor(109, reading=None),
            _sensor(110, emb=None),
            _sensor(111, emb=[1.0, "x", 0.0, 0.0]),
-           _sensor(112, emb=[1e300, 0.0, 0.0, 0.0])]
+           _sensor(112, emb=[1e300, 0.0, 0.0, 0.0]),
+           _sensor(113, emb=[1e20, 0.0, 0.0, 0.0])]
     batch = pa.RecordBatch.from_pylist([_sensor(0), _sensor(1, reading=None), _sensor(2)],
                                        schema=SENSORS.remove(1).insert(
                                            1, pa.field("reading", pa.int64())))
@@ -270,6 +271,8 @@ def test_each_kind_of_bad_row_is_an_invalid_naming_row_column_and_type(tmp_path)
         "position 1",
         "row with sensor_id 's-112': column 'emb' expects 4 finite float32 values, got 1e+300 "
         "at position 0, beyond float32's range",
+        "row with sensor_id 's-113': column 'emb': the vector is too large: its squared norm "
+        "overflows float32 distances (keep it under 8.5e+37)",
         "row with sensor_id 's-1': column 'reading' expects int64, got null (the column is "
         "not nullable)",
         "row ?: expected a dict row or a RecordBatch, got str 'not a row'",
@@ -282,7 +285,7 @@ def test_each_kind_of_bad_row_is_an_invalid_naming_row_column_and_type(tmp_path)
             equal_to([("Invalid", reason) for reason in expected]), label="invalid")
         assert_that(result.invalid | "Elements" >> beam.Map(
             lambda i: i.element if isinstance(i.element, str) else i.element["sensor_id"]),
-            equal_to([f"s-{i}" for i in range(101, 113)] + ["s-1", "not a row"]),
+            equal_to([f"s-{i}" for i in range(101, 114)] + ["s-1", "not a row"]),
             label="elements")
     t = Supertable.open(uri)
     assert sorted(t.to_arrow(columns=["sensor_id"])["sensor_id"].to_pylist()) == sorted(
