@@ -142,12 +142,13 @@ def _conform_vectors(uri: str, col, field: pa.Field):
     # Unsafe: float64 vectors narrow to the table's float32 by design.
     col = _cast(uri, col, field, "vector column", safe=False)
     values = np.asarray(col.flatten().to_numpy(zero_copy_only=False), dtype=np.float64)
-    bad = ~np.isfinite(values)
-    if bad.any():
-        row = int(np.argmax(bad) // dim)
+    # (NaN carries through min and max: two passes find every non-finite value.)
+    lo, hi = (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        row = int(np.argmax(~np.isfinite(values)) // dim)
         raise SchemaMismatchError(
             f"{uri}: vector column {field.name!r}: row {row} holds NaN or infinity")
-    row = overflowing_row(values.reshape(-1, dim))
+    row = overflowing_row(values.reshape(-1, dim), max(hi, -lo))
     if row is not None:
         raise SchemaMismatchError(
             f"{uri}: vector column {field.name!r}: row {row} {TOO_LARGE}")
@@ -161,11 +162,14 @@ TOO_LARGE = ("is too large: its squared norm overflows float32 distances "
              f"(keep it under {SQUARED_NORM_LIMIT:.2g})")
 
 
-def overflowing_row(vectors: np.ndarray) -> Optional[int]:
+def overflowing_row(vectors: np.ndarray, largest: Optional[float] = None) -> Optional[int]:
     """The first of ``vectors`` (finite, ``[rows, dim]``) whose squared norm is
-    past ``SQUARED_NORM_LIMIT``, or None."""
-    if not vectors.size or max(vectors.max(), -vectors.min()) ** 2 * vectors.shape[1] \
-            <= SQUARED_NORM_LIMIT:
+    past ``SQUARED_NORM_LIMIT``, or None; ``largest``: their largest magnitude."""
+    if not vectors.size:
+        return None
+    if largest is None:
+        largest = max(float(vectors.max()), -float(vectors.min()))
+    if largest ** 2 * vectors.shape[1] <= SQUARED_NORM_LIMIT:
         return None   # (the common case, without squaring every value)
     over = np.flatnonzero(np.einsum("ij,ij->i", vectors, vectors) > SQUARED_NORM_LIMIT)
     return int(over[0]) if len(over) else None
