@@ -137,7 +137,8 @@ class Supertable(TableWrites, TableSearch, TableIceberg, TableChanges, TableMain
         """
         if mode not in CREATE_MODES:
             raise ValueError(f"{uri}: mode must be one of {CREATE_MODES}, got {mode!r}")
-        stop_words = fts_analysis.stop_word_list(stop_words)   # (read once: it may be an iterator)
+        stop_words = fts_analysis.stop_word_list(stop_words)
+        agree = (text_analysis is not fts_analysis.DEFAULT, stop_words)   # (for exist_ok)
         full, props = cls.describe_create(
             uri, schema, vector_column=vector_column, metric=metric, fts_columns=fts_columns,
             n_cells=n_cells, replica_factor=replica_factor, stop_words=stop_words,
@@ -153,7 +154,7 @@ class Supertable(TableWrites, TableSearch, TableIceberg, TableChanges, TableMain
             except NotATableError:
                 pass
             else:
-                table._check_settings(full, props, text_analysis is not fts_analysis.DEFAULT)
+                table._check_settings(full, props, *agree)
                 return table
         if fts_columns:
             fts_analysis.check_stop_words(stop_words)   # (a table there may hold one)
@@ -168,7 +169,7 @@ class Supertable(TableWrites, TableSearch, TableIceberg, TableChanges, TableMain
                 set_properties=props, reset=True))
             return cls(store, snapshot, cache_bytes=cache_bytes)
         table = cls(store, manifest.load(), cache_bytes=cache_bytes)
-        table._check_settings(full, props, text_analysis is not fts_analysis.DEFAULT)
+        table._check_settings(full, props, *agree)
         return table
 
     @staticmethod
@@ -220,9 +221,11 @@ class Supertable(TableWrites, TableSearch, TableIceberg, TableChanges, TableMain
             del props[iceberg_meta.ENABLED_PROPERTY]   # said in a warning, naming the column
         return full, props
 
-    def _check_settings(self, schema: pa.Schema, props: Dict[str, Any], given=True) -> None:
+    def _check_settings(self, schema: pa.Schema, props: Dict[str, Any], given=True,
+                        stop_words=()) -> None:
         """For ``create(mode="exist_ok")``: the table must be the one described."""
-        props = fts_analysis.held_if_not_given(props, self._snapshot.properties, given)
+        props = fts_analysis.held_if_not_given(props, self._snapshot.properties, given,
+                                               stop_words)
         differ = []
         if not schema.equals(self.schema):
             differ.append(f"schema: the table has\n{self.user_schema}\nreceived\n"

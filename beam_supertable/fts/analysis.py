@@ -176,45 +176,43 @@ def fts_property(columns: Sequence[str], stop_words: Sequence[str],
             "analysis": normalize(text_analysis)}
 
 
-def stop_word_list(stop_words: Sequence[str]) -> List[str]:
-    """``stop_words`` as a list, once checked to be one of strings."""
+def stop_word_list(stop_words: Optional[Sequence[str]]) -> List[str]:
+    """``stop_words`` as a list (None: none), once checked to be one of strings."""
+    if stop_words is None:
+        return []
     if isinstance(stop_words, (str, bytes)) or not isinstance(stop_words, Iterable) \
             or isinstance(stop_words, Mapping):
         raise TypeError(f"stop_words must be a list of words, got {stop_words!r}")
-    for word in stop_words:
+    words = list(stop_words)   # (read once: it may be an iterator)
+    for word in words:
         if not isinstance(word, str):
             raise TypeError(f"stop_words: {word!r} is not a string")
-    return list(stop_words)
+    return words
 
 
 def _lowered(word: str) -> str:
-    """``word`` as the tokenizer reads it in a text: lowered its way (``casefold``
-    would turn "Straße" into "strasse", a word no text then holds)."""
-    words = tok.tokenize(word)
-    return words[0] if len(words) == 1 else pc.utf8_lower(pa.scalar(word)).as_py()
+    """``word`` lowered as the tokenizer lowers a text (``casefold`` would turn
+    "Straße" into "strasse", a word no text then holds)."""
+    return pc.utf8_lower(pa.scalar(word, pa.string())).as_py()
 
 
 def check_stop_words(stop_words: Sequence[str]) -> None:
-    """Refuses a stop word the tokenizer reads as no word or as several: it
-    could never be dropped (a table created before this check may hold one)."""
+    """Refuses a stop word that is not a word as the tokenizer reads one (it reads
+    "don't" as two, "C++" as "c"): it could never be dropped as given."""
     for word in stop_word_list(stop_words):
         words = tok.tokenize(word)
-        if len(words) != 1:
-            raise ValueError(f"stop_words: {word!r} is not one word to the tokenizer "
-                             f"(it reads {words})")
+        if words != [_lowered(word)]:
+            raise ValueError(f"stop_words: {word!r} is not a word as the tokenizer reads "
+                             f"one (it reads {words})")
 
 
 def matchable(stop_words: Sequence[str]) -> List[str]:
-    """The stop words the tokenizer can match (the others never dropped a word)."""
-    return [w for w in stop_words if len(tok.tokenize(w)) == 1]
-
-
-def _folded(words: Sequence[str]) -> FrozenSet[str]:
-    return frozenset(w.casefold() for w in words)
+    """The stored stop words the tokenizer can match (the others never dropped a word)."""
+    return [w for w in stop_words if tok.tokenize(w) == [w]]
 
 
 def held_if_not_given(props: Dict[str, Any], held: Mapping[str, Any],
-                      given: bool) -> Dict[str, Any]:
+                      given: bool, stop_words: Sequence[str] = ()) -> Dict[str, Any]:
     """``props``, with the held table's analysis unless ``text_analysis`` was ``given``:
     ``create(mode="exist_ok")`` without it opens a table whatever its analysis. A table
     created before analysis existed has none: it is the plain tokenizer's, given or not."""
@@ -223,8 +221,8 @@ def held_if_not_given(props: Dict[str, Any], held: Mapping[str, Any],
         return props
     fts = dict(mine)
     # A table created before stop words were lowered the tokenizer's way holds
-    # them casefolded: the same words given now still open it, as they are.
-    if "stop_words" in theirs and _folded(mine["stop_words"]) == _folded(theirs["stop_words"]):
+    # the given ``stop_words`` casefolded: they still open it, as it is.
+    if theirs.get("stop_words") == sorted({w.casefold() for w in stop_words}):
         fts["stop_words"] = theirs["stop_words"]
     if not given or ("analysis" not in theirs and mine.get("analysis") == PLAIN):
         fts.pop("analysis", None)

@@ -285,8 +285,9 @@ def test_a_custom_stop_word_is_dropped_as_the_tokenizer_reads_it(tmp_path):
 
 
 @pytest.mark.parametrize("bad, error, words", [
-    (["don't"], ValueError, "\"don't\" is not one word"),
-    (["  "], ValueError, "'  ' is not one word"),
+    (["don't"], ValueError, "\"don't\" is not a word as the tokenizer reads one"),
+    (["  "], ValueError, "'  ' is not a word as the tokenizer reads one"),
+    (["C++"], ValueError, r"'C\+\+' is not a word as the tokenizer reads one \(it reads \['c'\]\)"),
     ("the", TypeError, "a list of words"),
     ([3], TypeError, "3 is not a string"),
     ({"the": 1}, TypeError, "a list of words"),
@@ -305,25 +306,44 @@ def _created_with_casefolded_stop_words(uri, schema, words, **kwargs):
 
 
 def test_a_table_holding_casefolded_stop_words_opens_and_migrates_with_them(tmp_path):
-    words = ["Straße", "don't", "the"]
+    words = ["Straße", "don't", "the", "C++", "'s"]
     uri = str(tmp_path / "t")
     held = _created_with_casefolded_stop_words(uri, SCHEMA, words, fts_columns=["body"])
     again = Supertable.create(uri, SCHEMA, fts_columns=["body"], stop_words=words,
                               mode="exist_ok")
     assert again.properties["fts"] == held.properties["fts"]
-    with pytest.raises(SchemaMismatchError, match="stop_words"):
-        Supertable.create(uri, SCHEMA, fts_columns=["body"], stop_words=["the"],
-                          mode="exist_ok")
+    for other in (["the"], ["Straße", "the"]):
+        with pytest.raises(SchemaMismatchError, match="stop_words"):
+            Supertable.create(uri, SCHEMA, fts_columns=["body"], stop_words=other,
+                              mode="exist_ok")
     # Migrating keeps the words the tokenizer can match ("don't" never matched).
     src = _created_with_casefolded_stop_words(
         str(tmp_path / "chunks"), chunk_schema(4), words, vector_column="embedding",
         fts_columns=["content"])
-    src.append(pa.table({"id": ["a", "b"], "content": ["the strasse", "don't stop"],
-                         "embedding": [[1.0, 0, 0, 0], [0, 1.0, 0, 0]],
-                         "metadata": ["{}"] * 2}, schema=chunk_schema(4)))
+    src.append(pa.table({"id": ["a", "b", "c"], "content": ["the strasse", "don't stop",
+                                                            "c is a language; C++ another"],
+                         "embedding": [[1.0, 0, 0, 0], [0, 1.0, 0, 0], [0, 0, 1.0, 0]],
+                         "metadata": ["{}"] * 3}, schema=chunk_schema(4)))
     migrate_chunk_table(src.uri, str(tmp_path / "keyed"))
     keyed = Supertable.open(str(tmp_path / "keyed"))
     assert keyed.properties["fts"]["stop_words"] == ["strasse", "the"]
-    for query in ("the strasse", "don't"):
+    for query in ("the strasse", "don't", "c", "s"):
         assert keyed.search(text=query, k=2, columns=["id"])["id"].to_pylist() == \
             src.search(text=query, k=2, columns=["id"])["id"].to_pylist()
+
+
+def test_a_new_table_keeps_its_stop_words_as_given_however_they_come(tmp_path):
+    def words():
+        yield from ["Cat", "dog"]
+    t = Supertable.create(str(tmp_path / "t"), SCHEMA, fts_columns=["body"],
+                          stop_words=words())
+    assert t.properties["fts"]["stop_words"] == ["cat", "dog"]
+    # Only a table holding the earlier casefolded form opens with other spellings.
+    t = Supertable.create(str(tmp_path / "u"), SCHEMA, fts_columns=["body"],
+                          stop_words=["Straße"])
+    with pytest.raises(SchemaMismatchError, match="stop_words"):
+        Supertable.create(str(tmp_path / "u"), SCHEMA, fts_columns=["body"],
+                          stop_words=["strasse"], mode="exist_ok")
+    assert Supertable.create(str(tmp_path / "u"), SCHEMA, fts_columns=["body"],
+                             stop_words=iter(["STRAßE"]), mode="exist_ok").version == 0
+    assert Supertable.create(str(tmp_path / "v"), SCHEMA, stop_words=None).version == 0
