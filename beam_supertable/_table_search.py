@@ -15,7 +15,7 @@ from beam_supertable.errors import (
 from beam_supertable.filters import mask, pruned
 from beam_supertable.fts import search as text_search
 from beam_supertable.fts.analysis import Analyzer, analyzer_of
-from beam_supertable.schema import ID
+from beam_supertable.schema import ID, TOO_LARGE, overflowing_row
 from beam_supertable.vector import calibrate
 from beam_supertable.vector import dense as dense_mod
 from beam_supertable.vector.dense import DenseIndex
@@ -73,20 +73,7 @@ class TableSearch:
             vp = self._vector_props()
             if vp is None:
                 raise SupertableError(f"{self.uri}: the table has no vector column to search")
-            queries = np.asarray(vector, dtype=np.float32)
-            single = queries.ndim == 1
-            queries = queries[None, :] if single else queries
-            if queries.ndim != 2 or queries.shape[1] != vp["dim"]:
-                raise ValueError(
-                    f"{self.uri}: query vector(s) must have {vp['dim']} values, got shape "
-                    f"{np.asarray(vector).shape}")
-            if not np.isfinite(queries).all():
-                raise ValueError(f"{self.uri}: query vector holds NaN or infinity")
-            if vp["metric"] == "l2":
-                # (with headroom: a distance adds the norms of both vectors)
-                with np.errstate(over="ignore"):
-                    sizes = 4 * np.einsum("ij,ij->i", queries, queries)
-                _refuse_overflow(self.uri, sizes, "l2")
+            queries, single = _queries(self.uri, vector, vp["dim"], vp["metric"])
         else:
             single = True
         if text is not None:
@@ -166,20 +153,14 @@ class TableSearch:
         # overflow float32 against them would rank nothing, silently.
         sha = self._snapshot.properties["grid"]["sha256"]
         if metric != "cosine":
-            scale = getattr(self, "_grid_scale", None)
-            if scale is None or scale[0] != sha:
-                # (The grid is trained by squared distances whatever the metric.)
-                with np.errstate(over="ignore"):
-                    fits = bool(np.isfinite(4 * np.einsum("ij,ij->i", centroids, centroids)).all())
-                scale = self._grid_scale = (sha, fits, np.abs(centroids).max(axis=0))
-            if not scale[1]:
+            # Writes refuse such vectors now; a table written before may hold
+            # them, and its grid (trained by squared distances) shows it.
+            if getattr(self, "_grid_fits", (None,))[0] != sha:
+                self._grid_fits = (sha, overflowing_row(centroids.astype(np.float64)) is None)
+            if not self._grid_fits[1]:
                 raise ValueError(
                     f"{self.uri}: the table's vectors are too large for {metric} distances "
                     f"in float32 (their squared norms overflow); rewrite them scaled down")
-            if metric == "dot":
-                with np.errstate(over="ignore"):
-                    sizes = np.abs(q) @ scale[2]
-                _refuse_overflow(self.uri, sizes, "dot")
         n_cells = len(centroids)
         law = self._probe_law()
         probe = nprobe or calibrate.nprobe_for_target(law, sha, n_cells, recall_target)
@@ -417,10 +398,26 @@ def _unique_rows(probes: np.ndarray) -> np.ndarray:
     return order
 
 
-def _refuse_overflow(uri: str, sizes: np.ndarray, metric: str) -> None:
-    """Raises for the first query whose ``sizes`` (float32) overflowed."""
-    overflow = ~np.isfinite(sizes)
-    if overflow.any():
-        raise ValueError(
-            f"{uri}: query vector {int(np.flatnonzero(overflow)[0])} is too large for "
-            f"{metric} distances in float32 (they overflow; scale it down)")
+def _queries(uri: str, vector, dim: int, metric: str) -> Tuple[np.ndarray, bool]:
+    """The query vector(s) as a float32 ``[Q, dim]`` matrix, and whether one was given."""
+    wide = np.asarray(vector, dtype=np.float64)
+    single = wide.ndim == 1
+    wide = wide[None, :] if single else wide
+    if wide.ndim != 2 or wide.shape[1] != dim:
+        raise ValueError(f"{uri}: query vector(s) must have {dim} values, got shape "
+                         f"{np.asarray(vector).shape}")
+    if not np.isfinite(wide).all():
+        raise ValueError(f"{uri}: query vector holds NaN or infinity")
+    if metric != "cosine":
+        row = overflowing_row(wide)
+        if row is not None:
+            raise ValueError(f"{uri}: query vector {row} {TOO_LARGE}")
+        return wide.astype(np.float32), single
+    # A cosine query is its direction: one too large (or too small) for float32
+    # norms is scaled first.
+    largest = np.abs(wide).max(axis=1) if len(wide) else np.zeros(0)
+    extreme = (largest > 1e18) | ((largest < 1e-18) & (largest > 0))
+    if extreme.any():
+        wide = wide.copy()
+        wide[extreme] /= largest[extreme, None]
+    return wide.astype(np.float32), single

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -169,7 +171,8 @@ def overflowing_row(vectors: np.ndarray, largest: Optional[float] = None) -> Opt
         return None
     if largest is None:
         largest = max(float(vectors.max()), -float(vectors.min()))
-    if largest ** 2 * vectors.shape[1] <= SQUARED_NORM_LIMIT:
+    if largest <= math.sqrt(SQUARED_NORM_LIMIT / vectors.shape[1]):
         return None   # (the common case, without squaring every value)
-    over = np.flatnonzero(np.einsum("ij,ij->i", vectors, vectors) > SQUARED_NORM_LIMIT)
+    with np.errstate(over="ignore"):   # (float64 values past 1e154 square to inf)
+        over = np.flatnonzero(np.einsum("ij,ij->i", vectors, vectors) > SQUARED_NORM_LIMIT)
     return int(over[0]) if len(over) else None

@@ -193,9 +193,12 @@ def plain_key(key: Any) -> Any:
     if kind in _EXACT_KEYS or isinstance(key, enum.Enum):
         return key
     if isinstance(key, tuple):
+        if kind is tuple and all(type(part) in _EXACT_KEYS for part in key):
+            return key   # (the common tuple key, without rebuilding it)
         parts = tuple(plain_key(part) for part in key)
         same = all(new is old for new, old in zip(parts, key))
-        if hasattr(kind, "_make"):   # a named tuple keeps its class (and its encoding)
+        if hasattr(kind, "_fields") and hasattr(kind, "_make"):
+            # A named tuple keeps its class (Beam's coder encodes it as one).
             return key if same else kind._make(parts)
         return key if same and kind is tuple else parts
     if isinstance(key, str):

@@ -213,15 +213,18 @@ def test_batches_racing_on_one_handle_answer_as_one(tmp_path):
 
 
 @pytest.mark.parametrize("metric", ["l2", "dot", "cosine"])
-def test_a_row_too_large_for_float32_distances_is_refused_naming_it(tmp_path, metric):
+@pytest.mark.parametrize("dtype, scale", [(np.float32, 1e20), (np.float64, 1e20),
+                                          (np.float64, 1e200)])
+def test_a_row_too_large_for_float32_distances_is_refused_naming_it(
+        tmp_path, metric, dtype, scale):
     """Finite vectors of ~1e20 square past float32: distances (and the grid's
     training) overflow, and search would find nothing, or a few rows, silently."""
-    x = np.random.default_rng(2).normal(size=(40, 4)).astype(np.float32)
+    x = np.random.default_rng(2).normal(size=(40, 4)).astype(dtype)
     t = Supertable.create(str(tmp_path / "t"), _data(x).schema, vector_column="emb",
                           metric=metric)
     t.append(_data(x))
     huge = x.copy()
-    huge[7] *= np.float32(1e20)
+    huge[7] *= scale
     with pytest.raises(SchemaMismatchError, match="vector column 'emb': row 7 is too large: "
                                                   "its squared norm overflows float32"):
         t.append(_data(huge, start=40))
@@ -261,6 +264,8 @@ def test_a_table_written_with_rows_too_large_is_refused_unless_cosine(
 
 @pytest.mark.parametrize("batch", [False, True])
 def test_a_query_too_large_for_float32_distances_is_refused_naming_it(tmp_path, batch):
+    """The rule rows are written by: a squared norm past float32's quarter
+    (norm about 9.2e18) would overflow an l2 distance or a dot product."""
     rng = np.random.default_rng(3)
     x = rng.normal(size=(300, 8)).astype(np.float32)
     tables = {}
@@ -268,21 +273,23 @@ def test_a_query_too_large_for_float32_distances_is_refused_naming_it(tmp_path, 
         tables[metric] = Supertable.create(str(tmp_path / metric), _data(x).schema,
                                            vector_column="emb", metric=metric)
         tables[metric].append(_data(x))
-    q = rng.normal(size=(3, 8)).astype(np.float32)
-    huge = q.copy()
-    huge[-1] *= np.float32(1e20)
-    with pytest.raises(ValueError, match=f"query vector {2 if batch else 0} is too large "
-                                         "for l2 distances"):
-        tables["l2"].search(vector=huge if batch else huge[-1], k=5)
-    huger = q.copy()
-    huger[-1] = np.float32(1e38)
-    with pytest.raises(ValueError, match="is too large for dot distances"):
-        tables["dot"].search(vector=huger if batch else huger[-1], k=5)
-    # A dot product of ~1e20 fits float32, and a direction is a direction.
-    for metric, scaled in (("dot", huge[-1]), ("cosine", huge[-1])):
-        got = tables[metric].search(vector=scaled, k=5, nprobe=10_000, columns=["id"])
-        want, _ = _exact(x, np.arange(300), q[-1:], metric, 5)
-        assert got["id"].to_pylist() == want[0].tolist()
+    q = rng.normal(size=(3, 8))
+    for scale in (1e19, 1e39, 1e200):   # (float64 queries may pass float32's range)
+        huge = q.copy()
+        huge[-1] *= scale
+        for metric in ("l2", "dot"):
+            with pytest.raises(ValueError, match=f"query vector {2 if batch else 0} is too "
+                                                 "large: its squared norm overflows float32"):
+                tables[metric].search(vector=huge if batch else huge[-1], k=5)
+        # A cosine query is its direction, however long or short.
+        for size in (scale, 1 / scale):
+            got = tables["cosine"].search(vector=q[-1] * size, k=5, nprobe=10_000,
+                                          columns=["id"])
+            want, _ = _exact(x, np.arange(300), q[-1:].astype(np.float32), "cosine", 5)
+            assert got["id"].to_pylist() == want[0].tolist()
+    fits = q[-1] / np.linalg.norm(q[-1]) * 9e18   # within the rule: answered
+    for metric in ("l2", "dot"):
+        assert tables[metric].search(vector=fits, k=5).num_rows == 5
 
 
 def test_a_column_asked_for_twice_is_refused(tmp_path):
