@@ -415,9 +415,13 @@ def _queries(uri: str, vector, dim: int, metric: str) -> Tuple[np.ndarray, bool]
         return wide.astype(np.float32), single
     # A cosine query is its direction: one too large (or too small) for float32
     # norms is scaled first.
-    largest = np.abs(wide).max(axis=1) if len(wide) else np.zeros(0)
-    extreme = (largest > 1e18) | ((largest < 1e-18) & (largest > 0))
-    if extreme.any():
-        wide = wide.copy()
-        wide[extreme] /= largest[extreme, None]
-    return wide.astype(np.float32), single
+    with np.errstate(over="ignore"):   # (rows past float32's range: scaled below)
+        queries = wide.astype(np.float32)
+    largest = np.maximum(queries.max(axis=1), -queries.min(axis=1)) if len(queries) \
+        else np.zeros(0, np.float32)
+    extreme = np.flatnonzero((largest > 1e18) | (largest < 1e-18))
+    if len(extreme):
+        rows = wide[extreme]
+        scale = np.abs(rows).max(axis=1, keepdims=True)
+        queries[extreme] = rows / np.where(scale == 0, 1, scale)   # (zero stays zero)
+    return queries, single
