@@ -149,14 +149,13 @@ class TableSearch:
                     np.full((n_q, depth), -1, np.int64))
         metric = vp["metric"]
         q = prepare(queries, metric)
-        # The grid's centres stand for the rows' scale: distances that
-        # overflow float32 against them would rank nothing, silently.
         sha = self._snapshot.properties["grid"]["sha256"]
         if metric != "cosine":
-            # Writes refuse such vectors now; a table written before may hold
-            # them, and its grid (trained by squared distances) shows it.
+            # Writes refuse vectors whose distances overflow float32 (they would
+            # rank nothing, silently); a table written before may hold them, and
+            # its grid, trained by squared distances, shows it.
             if getattr(self, "_grid_fits", (None,))[0] != sha:
-                self._grid_fits = (sha, overflowing_row(centroids.astype(np.float64)) is None)
+                self._grid_fits = (sha, overflowing_row(centroids) is None)
             if not self._grid_fits[1]:
                 raise ValueError(
                     f"{self.uri}: the table's vectors are too large for {metric} distances "
@@ -399,8 +398,11 @@ def _unique_rows(probes: np.ndarray) -> np.ndarray:
 
 
 def _queries(uri: str, vector, dim: int, metric: str) -> Tuple[np.ndarray, bool]:
-    """The query vector(s) as a float32 ``[Q, dim]`` matrix, and whether one was given."""
-    wide = np.asarray(vector, dtype=np.float64)
+    """The query vector(s), checked, as a ``[Q, dim]`` matrix (``prepare`` makes
+    them float32: float64 ones stay so, so a cosine query past float32's range
+    keeps its direction), and whether one was given."""
+    wide = np.asarray(vector)
+    wide = wide if wide.dtype == np.float32 else wide.astype(np.float64)
     single = wide.ndim == 1
     wide = wide[None, :] if single else wide
     if wide.ndim != 2 or wide.shape[1] != dim:
@@ -412,16 +414,4 @@ def _queries(uri: str, vector, dim: int, metric: str) -> Tuple[np.ndarray, bool]
         row = overflowing_row(wide)
         if row is not None:
             raise ValueError(f"{uri}: query vector {row} {TOO_LARGE}")
-        return wide.astype(np.float32), single
-    # A cosine query is its direction: one too large (or too small) for float32
-    # norms is scaled first.
-    with np.errstate(over="ignore"):   # (rows past float32's range: scaled below)
-        queries = wide.astype(np.float32)
-    largest = np.maximum(queries.max(axis=1), -queries.min(axis=1)) if len(queries) \
-        else np.zeros(0, np.float32)
-    extreme = np.flatnonzero((largest > 1e18) | (largest < 1e-18))
-    if len(extreme):
-        rows = wide[extreme]
-        scale = np.abs(rows).max(axis=1, keepdims=True)
-        queries[extreme] = rows / np.where(scale == 0, 1, scale)   # (zero stays zero)
-    return queries, single
+    return wide, single

@@ -19,6 +19,7 @@ _LOWEST = np.float32(np.finfo(np.float32).min)
 CHUNK_SCORES = 1 << 20  # nearest(): a 4 MB block of float32 scores per chunk of queries
 CHUNK_MIN_QUERIES = 128
 BOUND_SLACK = 1e-4  # bisector_bounds(): relative slack for rows assigned in float32
+TINY_NORM = 1e-18   # prepare(): below it a float32 norm loses precision (squares underflow)
 
 
 def check_metric(metric: str) -> str:
@@ -28,20 +29,26 @@ def check_metric(metric: str) -> str:
 
 
 def prepare(vectors: np.ndarray, metric: str) -> np.ndarray:
-    """What the index stores and compares: unit vectors for cosine."""
-    x = np.ascontiguousarray(vectors, dtype=np.float32)
-    if metric == "cosine":
-        with np.errstate(over="ignore"):
-            norms = np.linalg.norm(x, axis=-1, keepdims=True)
-        huge = ~np.isfinite(norms)
-        if huge.any():
-            # A vector of finite values whose norm overflows float32 still has
-            # a direction: measured in float64, it is the same unit vector.
-            rows = np.flatnonzero(huge.reshape(-1))
-            wide = x.reshape(-1, x.shape[-1])[rows].astype(np.float64)
-            norms = norms.astype(np.float64)
-            norms.reshape(-1)[rows] = np.linalg.norm(wide, axis=-1)
-        x = (x / np.where(norms == 0, 1, norms)).astype(np.float32, copy=False)
+    """What the index stores and compares: float32, unit vectors for cosine.
+
+    A cosine vector is its direction whatever its size: one whose float32 norm
+    overflows or underflows (or, given in float64, whose values pass float32's
+    range) is scaled in float64 first.
+    """
+    if metric != "cosine":
+        return np.ascontiguousarray(vectors, dtype=np.float32)
+    given = np.asarray(vectors)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        x = np.ascontiguousarray(given, dtype=np.float32)
+        norms = np.linalg.norm(x, axis=-1, keepdims=True)
+        x = x / np.where(norms == 0, 1, norms)
+    flat = norms.reshape(-1)
+    odd = np.flatnonzero(~np.isfinite(flat) | (flat < TINY_NORM))
+    if len(odd):
+        wide = given.reshape(len(flat), -1)[odd].astype(np.float64)
+        wide /= np.maximum(np.abs(wide).max(axis=1, keepdims=True), np.finfo(np.float64).tiny)
+        wide /= np.maximum(np.linalg.norm(wide, axis=1, keepdims=True), 1.0)   # (zero stays zero)
+        x.reshape(len(flat), -1)[odd] = wide
     return x
 
 
