@@ -5,22 +5,24 @@ transforms and their results, the maintenance reports and the errors. Beam's
 RAG integration lives in :mod:`beam_supertable.rag`, test utilities in
 :mod:`beam_supertable.testing`. Every other module is internal: it may change
 between releases (``Manifest`` and ``CommitRequest`` stay importable from
-``beam_supertable.manifest``, ``ObjectStore`` from ``beam_supertable.store``).
+``beam_supertable.format.manifest``, ``ObjectStore`` from ``beam_supertable.format.store``).
 """
 
 import importlib
 import warnings
 
+from beam_supertable import _moved
 from beam_supertable._version import __version__
 from beam_supertable.errors import (
-    AlreadyExists, CommitConflictError, CommitFailedError, CorruptManifestError,
-    DuplicateKeyError, FrontierError, MemoryBudgetError, NotATableError, SchemaMismatchError,
-    StoreIOError, SupertableError, TableExistsError, TokenReuseError, UnsafeBackendError,
-    VersionNotFoundError)
-from beam_supertable.inspection import inspect_table
-from beam_supertable.manifest import Snapshot, VacuumPlan, VacuumReport
-from beam_supertable.optimize import OptimizeGroup, OptimizePlan
-from beam_supertable.table import Supertable
+    AlreadyExists, CommitConflictError, CommitFailedError, CorruptManifestError, DuplicateKeyError,
+    FrontierError, MemoryBudgetError, NotATableError, SchemaMismatchError, StoreIOError,
+    SupertableError, TableExistsError, TokenReuseError, UnsafeBackendError, VersionNotFoundError)
+from beam_supertable.format.manifest import Snapshot, VacuumPlan, VacuumReport
+from beam_supertable.table.inspection import inspect_table
+from beam_supertable.table.optimize import OptimizeGroup, OptimizePlan
+from beam_supertable.table.supertable import Supertable
+
+_moved.install()
 
 __all__ = [
     "__version__",
@@ -39,21 +41,21 @@ __all__ = [
 
 # The Beam transforms import apache_beam; the table itself does not need it.
 _LAZY = {
-    "WriteToSupertable": "beam_supertable.write",
-    "CommitResult": "beam_supertable.write",
-    "WriteResult": "beam_supertable.write",
-    "ReadFromSupertable": "beam_supertable.read",
-    "ReadChangesFromSupertable": "beam_supertable.read_changes",
-    "UpsertToSupertable": "beam_supertable.upsert_write",
-    "UpsertWriteResult": "beam_supertable.upsert_write",
+    "WriteToSupertable": "beam_supertable.transforms.write",
+    "CommitResult": "beam_supertable.transforms.write",
+    "WriteResult": "beam_supertable.transforms.write",
+    "ReadFromSupertable": "beam_supertable.transforms.read",
+    "ReadChangesFromSupertable": "beam_supertable.transforms.read_changes",
+    "UpsertToSupertable": "beam_supertable.transforms.upsert_write",
+    "UpsertWriteResult": "beam_supertable.transforms.upsert_write",
 }
 # Internals this package once exported: still importable here, with a warning,
 # until 0.4; their modules keep them.
 _INTERNAL = {
-    "Manifest": "beam_supertable.manifest",
-    "CommitRequest": "beam_supertable.manifest",
-    "ObjectStore": "beam_supertable.store",
-    "ObjectInfo": "beam_supertable.store",
+    "Manifest": "beam_supertable.format.manifest",
+    "CommitRequest": "beam_supertable.format.manifest",
+    "ObjectStore": "beam_supertable.format.store",
+    "ObjectInfo": "beam_supertable.format.store",
 }
 
 

@@ -45,9 +45,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO
 from beam_supertable._program import program_name
 from beam_supertable._version import __version__
 from beam_supertable.errors import SupertableError
-from beam_supertable.inspection import inspect_table
-from beam_supertable.manifest import DEFAULT_VACUUM_GRACE_S
-from beam_supertable.writer import TARGET_SUPERFILE_BYTES
+from beam_supertable.format.vacuum import DEFAULT_VACUUM_GRACE_S
+from beam_supertable.format.writer import TARGET_SUPERFILE_BYTES
+from beam_supertable.table.inspection import inspect_table
 
 __all__ = ["main", "parse_bytes", "parse_duration"]
 
@@ -250,7 +250,7 @@ def _inspect(args: argparse.Namespace) -> Any:
 
 
 def _open(args: argparse.Namespace):
-    from beam_supertable.table import Supertable
+    from beam_supertable.table.supertable import Supertable
     return Supertable.open(args.uri, storage_options=args.storage_options)
 
 

@@ -30,9 +30,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from benchmarks.commit_bench import backend
 from beam_supertable import Supertable
-from beam_supertable.store import ObjectStore
+from beam_supertable.format.store import ObjectStore
+from benchmarks.commit_bench import backend
 
 SCHEMA = pa.schema([("id", pa.int64()), ("label", pa.string()), ("score", pa.float64()),
                     ("payload", pa.string())])

@@ -25,8 +25,8 @@ import uuid
 import numpy as np
 import pyarrow as pa
 
-from beam_supertable.manifest import CommitRequest, Manifest
-from beam_supertable.store import ObjectStore
+from beam_supertable.format.manifest import CommitRequest, Manifest
+from beam_supertable.format.store import ObjectStore
 
 SCHEMA = pa.schema([("_id", pa.int64()), ("x", pa.int64())])
 SIZES = (10, 1_000, 10_000)

@@ -86,11 +86,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.options.pipeline_options import PipelineOptions
-
 from apache_beam.transforms.window import TimestampedValue
 
 from beam_supertable import Supertable, UpsertToSupertable, WriteToSupertable
-from beam_supertable.digest import row_digest
+from beam_supertable.format.digest import row_digest
 from beam_upsert import UpsertCommand
 from benchmarks import upsert_bench
 
@@ -260,6 +259,7 @@ class _RunningCluster:
     def start(self) -> "_RunningCluster":
         import socket
         import threading
+
         from beam_supertable.jobs import flink
         from tests.beam_supertable.jobs.flink_cluster import FlinkCluster
         jar = flink.job_server_jar()

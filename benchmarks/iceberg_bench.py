@@ -26,11 +26,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from benchmarks.commit_bench import _fill, backend
 from beam_supertable import Supertable
-from beam_supertable.iceberg import ENABLED_PROPERTY, ENABLED_VALUE
-from beam_supertable.manifest import CommitRequest, Manifest
-from beam_supertable.store import ObjectStore
+from beam_supertable.format.manifest import CommitRequest, Manifest
+from beam_supertable.format.store import ObjectStore
+from beam_supertable.iceberg.metadata import ENABLED_PROPERTY, ENABLED_VALUE
+from benchmarks.commit_bench import _fill, backend
 
 SCHEMA = pa.schema([("_id", pa.int64()), ("x", pa.int64())])
 SIZES = (10, 1_000)
@@ -92,8 +92,8 @@ def append_cost(uri, options):
 
 
 def scan(uri):
-    from pyiceberg.table import StaticTable
     import duckdb
+    from pyiceberg.table import StaticTable
 
     schema = pa.schema([("key", pa.int64()), ("body", pa.string()), ("score", pa.float64())])
     t = Supertable.create(uri, schema, primary_key="key")

@@ -386,7 +386,7 @@ class _Counting:
     CALLS = ("get", "get_range", "exists", "head", "list")
 
     def __init__(self):
-        from beam_supertable.store import ObjectStore
+        from beam_supertable.format.store import ObjectStore
         self._cls, self._saved = ObjectStore, {}
         self.calls, self.bytes = {}, 0
 

@@ -28,8 +28,8 @@ import numpy as np
 import pyarrow as pa
 
 from beam_supertable import Supertable
-from beam_supertable.inspection import inspect_table
-from beam_supertable.manifest import Manifest
+from beam_supertable.format.manifest import Manifest
+from beam_supertable.table.inspection import inspect_table
 
 SCHEMA = pa.schema([("slot", pa.int64()), ("x", pa.int64())])
 RETENTION_S = 3600

@@ -203,8 +203,8 @@ def main(argv=None):
     print(f"\nratios, supertable English / tantivy: MRR {quality[us][0] / quality[them][0]:.3f}x; "
           f"p50 ids {p[(us, 'ids')][0] / p[(them, 'ids')][0]:.2f}x, "
           f"p50 with the paragraph number {p[(us, 'keyed')][0] / p[(them, 'keyed')][0]:.2f}x")
-    import tantivy  # noqa: F401 - for its version
     import bm25s
+    import tantivy  # noqa: F401 - for its version
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python "
           f"{platform.python_version()}, tantivy {_version('tantivy')}, bm25s "
           f"{bm25s.__version__}, PyStemmer {_version('PyStemmer')}, pyarrow {pa.__version__}, "

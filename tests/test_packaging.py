@@ -85,6 +85,8 @@ def test_the_wheel_installs_only_the_two_packages_and_the_console_scripts(built)
     top_level = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top_level == {"beam_upsert", "beam_supertable"}
     assert "beam_supertable/jobs/samples/commands.jsonl" in names
+    for folder in sorted(p.parent.name for p in ROOT.glob("beam_supertable/*/__init__.py")):
+        assert f"beam_supertable/{folder}/__init__.py" in names, folder
     for script in SCRIPTS:
         assert f"{script} = " in scripts, script
 

@@ -16,8 +16,7 @@ from __future__ import annotations
 import functools
 import threading
 from dataclasses import dataclass
-from typing import (
-    Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple, Union)
+from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow as pa

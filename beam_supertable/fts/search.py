@@ -11,7 +11,6 @@ from beam_supertable.fts.analysis import as_analyzer
 from beam_supertable.fts.tokenize import contains_phrase
 
 
-
 class TextSource(Protocol):
     """What text search reads a superfile through (``reader.SuperfileReader`` is one)."""
 

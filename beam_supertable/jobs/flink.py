@@ -16,8 +16,8 @@ import re
 import subprocess
 from typing import Sequence
 
-from apache_beam.options.pipeline_options import (FlinkRunnerOptions, PipelineOptions,
-                                                  PortableOptions, StandardOptions)
+from apache_beam.options.pipeline_options import (
+    FlinkRunnerOptions, PipelineOptions, PortableOptions, StandardOptions)
 
 # The Flink minor version of the job server that flink/pom.xml assembles; the
 # runner artifact for it must exist for the job server's apache-beam release.

@@ -23,20 +23,20 @@ import apache_beam as beam
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
-from beam_supertable._program import program_name
 from beam_supertable import Supertable
-from beam_supertable.transforms import NAMESPACE as TABLE_NAMESPACE
-from beam_supertable.transforms import WriteToSupertable
-from beam_supertable.vector.metric import METRICS
+from beam_supertable._program import program_name
 from beam_supertable.jobs.file_rows import (
     BAD_TAG, FORMATS, coerce_row, dead_letter, format_of, infer_schema, parse_schema, read_rows)
 from beam_supertable.jobs.io_formats import JOB_NAMESPACE, to_json
 from beam_supertable.jobs.options import (
     DeadLetters, JobError, JobParser, add_dead_letters, add_max_invalid, add_storage_options,
     check_invalid, counter_totals, default_dead_letters, job_argv, local_parents, new_run_id,
-    open_table, parse, same_columns, positive_int, require_input, run_pipeline, split_columns,
+    open_table, parse, positive_int, require_input, run_pipeline, same_columns, split_columns,
     storage_options)
 from beam_supertable.jobs.options import main as job_main
+from beam_supertable.transforms import NAMESPACE as TABLE_NAMESPACE
+from beam_supertable.transforms import WriteToSupertable
+from beam_supertable.vector.metric import METRICS
 from beam_upsert import Invalid
 
 __all__ = ["build_parser", "main", "plan", "run"]

@@ -1,6 +1,6 @@
 """Templated batch job: optimize a supertable, rewriting in parallel workers.
 
-The same operation as ``Supertable.optimize`` (see ``beam_supertable.optimize``),
+The same operation as ``Supertable.optimize`` (see ``beam_supertable.table.optimize``),
 split the way a cluster runs it: the launcher plans on the table's latest
 version (``plan_optimize``: groups of superfiles per cell range), the groups
 are spread over the workers (``Reshuffle``), each worker rewrites its groups
@@ -23,11 +23,11 @@ from typing import List, Optional
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from beam_supertable._program import program_name
 from beam_supertable import Supertable
-from beam_supertable.optimize import (
-    DEFAULT_TARGET_FILE_BYTES, OptimizePlan, commit_optimize, plan_optimize, rewrite_group)
+from beam_supertable._program import program_name
 from beam_supertable.jobs.io_formats import JOB_NAMESPACE
+from beam_supertable.table.optimize import (
+    DEFAULT_TARGET_FILE_BYTES, OptimizePlan, commit_optimize, plan_optimize, rewrite_group)
 
 PROG = program_name("python -m pipelines.optimize_supertable")
 from beam_supertable.jobs.options import (

@@ -32,17 +32,17 @@ import pyarrow.compute as pc
 from apache_beam.metrics import Metrics
 
 from beam_supertable._program import program_name
-from beam_supertable.rag import (
-    DEFAULT_MAX_BATCH_SIZE, ENRICHMENT_KEY, MODES, EnrichWithSupertable,
-    SupertableSearchEnrichmentHandler)
+from beam_supertable.jobs.file_rows import (
+    BAD_TAG, FORMATS, dead_letter, finite_vector, format_of, read_rows)
+from beam_supertable.jobs.io_formats import JOB_NAMESPACE, to_json
 from beam_supertable.jobs.options import (
     DeadLetters, JobError, JobParser, add_max_invalid, add_storage_options, check_invalid,
     counter_totals, job_argv, local_parents, new_run_id, open_table, parse, positive_int,
     require_input, run_pipeline, storage_options, writable_file)
 from beam_supertable.jobs.options import main as job_main
-from beam_supertable.jobs.file_rows import (
-    BAD_TAG, FORMATS, dead_letter, finite_vector, format_of, read_rows)
-from beam_supertable.jobs.io_formats import JOB_NAMESPACE, to_json
+from beam_supertable.rag import (
+    DEFAULT_MAX_BATCH_SIZE, ENRICHMENT_KEY, MODES, EnrichWithSupertable,
+    SupertableSearchEnrichmentHandler)
 
 SAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "samples")
 PROG = program_name("python -m pipelines.search_supertable")

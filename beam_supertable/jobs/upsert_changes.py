@@ -13,16 +13,16 @@ from typing import List, Optional
 import apache_beam as beam
 from apache_beam.utils.timestamp import Timestamp
 
-from beam_upsert import Upsert
-from beam_upsert.metrics import NAMESPACE
 from beam_supertable._program import program_name
-from beam_supertable.jobs.options import (
-    DeadLetters, JobParser, add_max_invalid, check_invalid, counter_totals, job_argv,
-    local_parents, new_run_id, parse, require_input, run_pipeline, writable_file)
-from beam_supertable.jobs.options import main as job_main
 from beam_supertable.jobs.io_formats import (
     BAD_TAG, CHANGE_SCHEMA, JOB_NAMESPACE, ChangeToRow, ParseCommand, ParseSnapshot,
     change_to_parquet_row, is_parquet, read_rows, to_json)
+from beam_supertable.jobs.options import (
+    DeadLetters, JobParser, add_max_invalid, check_invalid, counter_totals, job_argv, local_parents,
+    new_run_id, parse, require_input, run_pipeline, writable_file)
+from beam_supertable.jobs.options import main as job_main
+from beam_upsert import Upsert
+from beam_upsert.metrics import NAMESPACE
 
 SAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "samples")
 DEFAULT_COMMANDS = os.path.join(SAMPLES, "commands.jsonl")

@@ -45,12 +45,9 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 
-from beam_supertable._program import program_name
 from beam_supertable import Supertable, UpsertToSupertable
-from beam_supertable._row_reasons import row_problem
-from beam_supertable.upsert_write import NAMESPACE as TABLE_NAMESPACE
-from beam_upsert import Invalid, UpsertCommand
-from beam_upsert.metrics import NAMESPACE as UPSERT_NAMESPACE
+from beam_supertable._program import program_name
+from beam_supertable.format.row_reasons import row_problem
 from beam_supertable.jobs.file_rows import (
     BAD_TAG, INFER_SAMPLE_ROWS, dead_letter, format_of, parse_schema)
 from beam_supertable.jobs.io_formats import (
@@ -58,8 +55,11 @@ from beam_supertable.jobs.io_formats import (
 from beam_supertable.jobs.options import (
     DeadLetters, JobError, JobParser, add_dead_letters, add_max_invalid, add_storage_options,
     check_invalid, counter_totals, default_dead_letters, job_argv, local_parents, new_run_id,
-    open_table, parse, same_columns, require_input, run_pipeline, split_columns, storage_options)
+    open_table, parse, require_input, run_pipeline, same_columns, split_columns, storage_options)
 from beam_supertable.jobs.options import main as job_main
+from beam_supertable.transforms.upsert_write import NAMESPACE as TABLE_NAMESPACE
+from beam_upsert import Invalid, UpsertCommand
+from beam_upsert.metrics import NAMESPACE as UPSERT_NAMESPACE
 
 __all__ = ["build_parser", "infer_schema", "main", "run"]
 

@@ -61,15 +61,37 @@ why) and ``EnrichWithSupertable(handler)`` gives the same output.
 """
 
 from beam_supertable.rag._common import (  # noqa: F401 - the public names
-    CONTENT_COLUMN, DEFAULT_K, DEFAULT_MAX_BATCH_SIZE, DEFAULT_METRIC, DEFAULT_MIN_BATCH_SIZE,
-    DEFAULT_REFRESH_EVERY_S, EMBEDDING_COLUMN, ENRICHMENT_IMPORT_ERROR, ENRICHMENT_KEY,
-    ID_COLUMN, METADATA_COLUMN, MODES, NAMESPACE, ON_INVALID, RESERVED_COLUMNS,
-    _ENRICHMENT_TAKES_HANDLER_JOIN, Chunk, Enrichment, EnrichmentSourceHandler,
-    InvalidQueryError, SupertableError, chunk_schema, cross_join)
-from beam_supertable.rag.enrichment import (  # noqa: F401
-    EnrichWithSupertable, SupertableSearchEnrichmentHandler, join_fn)
-from beam_supertable.rag.ingestion import SupertableVectorWriterConfig  # noqa: F401
+    _ENRICHMENT_TAKES_HANDLER_JOIN,
+    CONTENT_COLUMN,
+    DEFAULT_K,
+    DEFAULT_MAX_BATCH_SIZE,
+    DEFAULT_METRIC,
+    DEFAULT_MIN_BATCH_SIZE,
+    DEFAULT_REFRESH_EVERY_S,
+    EMBEDDING_COLUMN,
+    ENRICHMENT_IMPORT_ERROR,
+    ENRICHMENT_KEY,
+    ID_COLUMN,
+    METADATA_COLUMN,
+    MODES,
+    NAMESPACE,
+    ON_INVALID,
+    RESERVED_COLUMNS,
+    Chunk,
+    Enrichment,
+    EnrichmentSourceHandler,
+    InvalidQueryError,
+    SupertableError,
+    chunk_schema,
+    cross_join,
+)
 from beam_supertable.rag._keyed import migrate_chunk_table  # noqa: F401
+from beam_supertable.rag.enrichment import (  # noqa: F401
+    EnrichWithSupertable,
+    SupertableSearchEnrichmentHandler,
+    join_fn,
+)
+from beam_supertable.rag.ingestion import SupertableVectorWriterConfig  # noqa: F401
 
 __all__ = [
     "CONTENT_COLUMN", "EMBEDDING_COLUMN", "ENRICHMENT_IMPORT_ERROR", "ENRICHMENT_KEY", "ID_COLUMN",

@@ -12,6 +12,7 @@ import apache_beam as beam
 import pyarrow as pa
 
 from beam_supertable.errors import SupertableError
+
 try:
     from apache_beam.ml.rag.types import Chunk
 except ImportError as exc:  # pragma: no cover - setup.py requires apache-beam >= 2.62

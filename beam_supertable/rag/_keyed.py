@@ -36,11 +36,10 @@ from apache_beam.utils.timestamp import Timestamp
 
 from beam_supertable.errors import SchemaMismatchError
 from beam_supertable.fts.analysis import matchable
-from beam_supertable.table import Supertable
+from beam_supertable.rag._common import CONTENT_COLUMN, EMBEDDING_COLUMN, ID_COLUMN, NAMESPACE
+from beam_supertable.table.supertable import Supertable
 from beam_supertable.transforms import INVALID_TAG
 from beam_upsert.model import Invalid
-from beam_supertable.rag._common import (
-    CONTENT_COLUMN, EMBEDDING_COLUMN, ID_COLUMN, NAMESPACE)
 
 _LOG = logging.getLogger(__name__)
 OFFSET = 0    # every chunk command's offset: one command per id and time

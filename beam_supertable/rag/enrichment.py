@@ -17,13 +17,13 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.display import DisplayDataItem
 
 from beam_supertable.errors import SchemaMismatchError, SupertableError
-from beam_supertable.schema import ID as ROW_ID
-from beam_supertable.table import Supertable
+from beam_supertable.format.schema import ID as ROW_ID
 from beam_supertable.rag._common import (
-    Chunk, DEFAULT_K, DEFAULT_MAX_BATCH_SIZE, DEFAULT_MIN_BATCH_SIZE,
-    DEFAULT_REFRESH_EVERY_S, ENRICHMENT_KEY, EnrichmentSourceHandler, ID_COLUMN,
-    InvalidQueryError, METADATA_COLUMN, MODES, NAMESPACE, _ENRICHMENT_TAKES_HANDLER_JOIN,
-    _dense_of, _text_of, cross_join)
+    _ENRICHMENT_TAKES_HANDLER_JOIN, DEFAULT_K, DEFAULT_MAX_BATCH_SIZE, DEFAULT_MIN_BATCH_SIZE,
+    DEFAULT_REFRESH_EVERY_S, ENRICHMENT_KEY, ID_COLUMN, METADATA_COLUMN, MODES, NAMESPACE, Chunk,
+    EnrichmentSourceHandler, InvalidQueryError, _dense_of, _text_of, cross_join)
+from beam_supertable.table.supertable import Supertable
+
 # -- retrieval -------------------------------------------------------------------
 
 

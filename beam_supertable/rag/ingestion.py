@@ -17,19 +17,19 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.display import DisplayDataItem
 
 from beam_supertable.errors import SchemaMismatchError, TableExistsError
-from beam_supertable.schema import ID as ROW_ID
-from beam_supertable.table import Supertable
-from beam_supertable.transforms import INVALID_TAG, CommitResult, WriteResult, WriteToSupertable
-from beam_supertable.upsert_write import UpsertToSupertable
-from beam_supertable.vector.metric import check_metric
-from beam_upsert.model import Invalid
+from beam_supertable.format.schema import ID as ROW_ID
 from beam_supertable.rag._common import (
-    CONTENT_COLUMN, Chunk, DEFAULT_METRIC, EMBEDDING_COLUMN, ID_COLUMN, METADATA_COLUMN,
-    NAMESPACE, ON_INVALID, RESERVED_COLUMNS, _WriteConfigBase, _dense_of, _metadata_value,
-    _text_of, chunk_schema)
+    CONTENT_COLUMN, DEFAULT_METRIC, EMBEDDING_COLUMN, ID_COLUMN, METADATA_COLUMN, NAMESPACE,
+    ON_INVALID, RESERVED_COLUMNS, Chunk, _dense_of, _metadata_value, _text_of, _WriteConfigBase,
+    chunk_schema)
 from beam_supertable.rag._keyed import (
     _BoundedCommands, _FailOnInvalid, _Stamp, as_row_invalid, conflicting_ids, split_conflicts,
     stamp_for, stream_command)
+from beam_supertable.table.supertable import Supertable
+from beam_supertable.transforms import INVALID_TAG, CommitResult, WriteResult, WriteToSupertable
+from beam_supertable.transforms.upsert_write import UpsertToSupertable
+from beam_supertable.vector.metric import check_metric
+from beam_upsert.model import Invalid
 
 _LOG = logging.getLogger(__name__)
 _WARNED_APPEND_ONLY: set = set()   # uris warned about, so a warning is logged once each

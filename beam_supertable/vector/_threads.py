@@ -8,7 +8,6 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
-
 SEARCH_THREADS = os.cpu_count() or 2
 
 

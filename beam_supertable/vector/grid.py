@@ -55,7 +55,7 @@ def train(vectors: np.ndarray, n_cells: int, metric: str) -> np.ndarray:
     small = len(sample) * n_cells <= SMALL_TRAINING
     m = len(sample) if small else max(n_cells, min(len(sample), n_cells * INIT_SAMPLE_PER_CELL))
     seeds = sample[np.sort(rng.choice(len(sample), m, replace=False))] if m < len(sample) else sample
-    from sklearn.cluster import KMeans, kmeans_plusplus   # (slow import: on use)
+    from sklearn.cluster import KMeans, kmeans_plusplus  # (slow import: on use)
 
     init, _ = kmeans_plusplus(seeds, n_cells, random_state=SEED, n_local_trials=1)
     km = KMeans(n_clusters=n_cells, init=init, n_init=1, random_state=SEED,

@@ -14,7 +14,6 @@ import numpy as np
 from beam_supertable.vector import codes
 from beam_supertable.vector.metric import prepare, vectors_of
 
-
 SQ8_ONCE, EXACT, SQ8_AGAIN = 1, 2, 3   # a run's state in a handle's cache (0: not loaded)
 EXACT_FIRST_RUNS = 4             # a search loading at most this many runs reads their fp32 rows
 

@@ -31,8 +31,8 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from beam_supertable.vector import codes
-from beam_supertable.vector.calibrate import check_target
 from beam_supertable.vector._threads import SEARCH_THREADS, _pool, blas_controller, one_blas_thread  # noqa: F401
+from beam_supertable.vector.calibrate import check_target
 from beam_supertable.vector.index import EXACT_FIRST_RUNS, VectorIndex  # noqa: F401
 from beam_supertable.vector.metric import bisector_bounds, nearest
 
@@ -42,7 +42,6 @@ SHORTLIST_SHARE = 0.25
 FINE_PROBE_SHARE = 0.5
 PARALLEL_MIN_QUERIES = 16        # smaller batches run inline: threads cost more than they save
 FIRST_PROBES = 1                 # cells every query scores before bounds may skip the rest
-
 
 
 def check_probe_args(where: str, nprobe, recall_target) -> None:
@@ -58,8 +57,6 @@ def check_probe_args(where: str, nprobe, recall_target) -> None:
             check_target(recall_target)
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
-
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -372,7 +369,6 @@ def _distances_of(queries: np.ndarray, rows: np.ndarray, metric: str) -> np.ndar
         return np.einsum("ij,ij->i", diff, diff)
     dots = np.einsum("ij,ij->i", rows, queries)
     return 1.0 - dots if metric == "cosine" else -dots
-
 
 
 def _empty(n_q: int, k: int) -> Tuple[np.ndarray, np.ndarray]:

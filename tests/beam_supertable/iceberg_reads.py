@@ -33,7 +33,7 @@ def assert_every_version_reads_alike(uri, storage_options=None, every=1):
     one, holds the rows of ``Supertable.open(uri, version=N).to_arrow()``; with ``every``
     above 1, for every ``every``-th version and the latest (a long history on a slow
     store)."""
-    from beam_supertable.iceberg import SNAPSHOTS_KEPT
+    from beam_supertable.iceberg.metadata import SNAPSHOTS_KEPT
     latest = Supertable.open(uri, storage_options=storage_options)
     oldest = min(v["version"] for v in latest.history())
     latest_location = latest.iceberg_metadata_location()

@@ -25,8 +25,8 @@ def main(argv):
     uri, options, writer = argv[0], json.loads(argv[1]) or None, argv[2]
     rounds, n_keys, deletes = int(argv[3]), int(argv[4]), argv[5] == "1"
     retries = _RetryCounter()
-    logging.getLogger("beam_supertable.manifest").addHandler(retries)
-    logging.getLogger("beam_supertable.manifest").setLevel(logging.INFO)
+    logging.getLogger("beam_supertable.format.manifest").addHandler(retries)
+    logging.getLogger("beam_supertable.format.manifest").setLevel(logging.INFO)
     table = Supertable.open(uri, storage_options=options)
     print("READY", flush=True)
     sys.stdin.readline()

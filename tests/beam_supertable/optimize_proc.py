@@ -20,7 +20,7 @@ from beam_supertable import Supertable
 def main(argv):
     uri, options, rounds = argv[0], json.loads(argv[1]) or None, int(argv[2])
     raced = _Counter(("retrying", "carries", "planning again"))
-    for name in ("beam_supertable.manifest", "beam_supertable.optimize"):
+    for name in ("beam_supertable.format.manifest", "beam_supertable.table.optimize"):
         logging.getLogger(name).addHandler(raced)
         logging.getLogger(name).setLevel(logging.INFO)
     table = Supertable.open(uri, storage_options=options)

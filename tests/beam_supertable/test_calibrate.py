@@ -10,7 +10,7 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 
 from beam_supertable import Supertable, WriteToSupertable
-from beam_supertable.manifest import CommitRequest
+from beam_supertable.format.manifest import CommitRequest
 from beam_supertable.vector import calibrate
 from beam_supertable.vector import grid as grid_mod
 from beam_supertable.vector.metric import nearest, prepare

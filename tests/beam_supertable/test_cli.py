@@ -13,7 +13,7 @@ import pytest
 
 from beam_supertable import Supertable
 from beam_supertable.cli import Progress, main, parse_bytes, parse_duration
-from beam_supertable.inspection import inspect_table
+from beam_supertable.table.inspection import inspect_table
 from tests.beam_supertable.test_inspection import APPENDS, DELETED, build_known
 from tests.conftest import s3_options
 

@@ -6,7 +6,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from beam_supertable.digest import combine, row_digest
+from beam_supertable.format.digest import combine, row_digest
 
 SCHEMA = pa.schema([
     ("i", pa.int64()), ("f", pa.float32()), ("s", pa.string()),

@@ -33,13 +33,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from beam_supertable import (
-    StoreIOError, Supertable, SupertableError)
-from beam_supertable.manifest import CommitRequest, Manifest
-from beam_supertable.store import ObjectStore
-from beam_supertable import deletes as dv
-from beam_supertable import store as store_mod
-from beam_supertable.manifest import VERSIONS, version_of
+from beam_supertable import StoreIOError, Supertable, SupertableError
+from beam_supertable.format import deletes as dv
+from beam_supertable.format import store as store_mod
+from beam_supertable.format.documents import VERSIONS, version_of
+from beam_supertable.format.manifest import CommitRequest, Manifest
+from beam_supertable.format.store import ObjectStore
 from tests.conftest import S3_CREDENTIALS, s3_options
 
 pytestmark = pytest.mark.s3
@@ -542,7 +541,7 @@ def test_vacuum_through_faults_keeps_every_referenced_object(fault_proxy, s3_buc
 
 
 def test_a_vacuum_cut_short_leaves_every_listed_version_readable(fault_proxy, s3_bucket):
-    from beam_supertable.manifest import PART_FANOUT
+    from beam_supertable.format.manifest import PART_FANOUT
     uri = f"s3://{s3_bucket}/vacuum"
     clean_options = s3_options(fault_proxy.upstream)
     table = Supertable.create(uri, APPEND_SCHEMA, storage_options=clean_options)

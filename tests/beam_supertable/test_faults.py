@@ -6,10 +6,9 @@ import uuid
 import pyarrow as pa
 import pytest
 
-from beam_supertable import (
-    AlreadyExists, CommitConflictError, CorruptManifestError)
-from beam_supertable.manifest import CommitRequest, Manifest
-from beam_supertable.store import ObjectStore
+from beam_supertable import AlreadyExists, CommitConflictError, CorruptManifestError
+from beam_supertable.format.manifest import CommitRequest, Manifest
+from beam_supertable.format.store import ObjectStore
 
 SCHEMA = pa.schema([("_id", pa.int64()), ("x", pa.int64())])
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from beam_supertable import ReadFromSupertable, Supertable
-from beam_supertable.filters import (
+from beam_supertable.format.filters import (
     STRING_STATS_BYTES, Pruner, column_stats, mask, may_match, null_counts, truncate_max,
     truncate_min)
 

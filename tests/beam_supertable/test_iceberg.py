@@ -23,9 +23,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from beam_supertable import Supertable
-from beam_supertable import iceberg
-from beam_supertable.errors import (
-    CorruptManifestError, IcebergDisabledError, SchemaMismatchError)
+from beam_supertable.errors import CorruptManifestError, IcebergDisabledError, SchemaMismatchError
+from beam_supertable.iceberg import metadata as iceberg
 from tests.beam_supertable.iceberg_reads import (
     assert_every_version_reads_alike, iceberg_scan, rows_of)
 
@@ -337,7 +336,7 @@ def test_an_overwrite_with_another_schema_leaves_the_old_snapshots_out_of_the_hi
 def test_a_column_without_an_iceberg_type_turns_the_face_off_and_says_which(tmp_path, column,
                                                                              why, caplog):
     schema = pa.schema([("k", pa.string()), column])
-    with caplog.at_level("WARNING", logger="beam_supertable.iceberg"):
+    with caplog.at_level("WARNING", logger="beam_supertable.iceberg.metadata"):
         t = Supertable.create(str(tmp_path / "t"), schema)
     assert re.search(f"column 'c'.*{why}.*without Iceberg metadata", caplog.text)
     assert not os.path.exists(tmp_path / "t" / "metadata")

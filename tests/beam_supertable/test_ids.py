@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from beam_supertable import Supertable
-from beam_supertable.store import ObjectStore
-from beam_supertable import ids as ids_mod
-from beam_supertable.ids import CLAIMS, ROW_BITS, SEQUENCE_BITS, IdAllocator, claim_path
+from beam_supertable.format import ids as ids_mod
+from beam_supertable.format.ids import CLAIMS, ROW_BITS, SEQUENCE_BITS, IdAllocator, claim_path
+from beam_supertable.format.store import ObjectStore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -10,12 +10,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from beam_supertable import iceberg
 from beam_supertable import Supertable
-from beam_supertable.manifest import Manifest
-from beam_supertable.store import ObjectStore
-from beam_supertable.inspection import inspect_table
-from beam_supertable.manifest import CommitRequest, version_path
+from beam_supertable.format.documents import version_path
+from beam_supertable.format.manifest import CommitRequest, Manifest
+from beam_supertable.format.store import ObjectStore
+from beam_supertable.iceberg import metadata as iceberg
+from beam_supertable.table.inspection import inspect_table
 from beam_supertable.vector import grid as grid_mod
 
 D = 8

@@ -15,9 +15,9 @@ from apache_beam.testing.test_stream import TestStream
 from apache_beam.testing.util import assert_that, equal_to
 
 from beam_supertable import Supertable, UpsertToSupertable, WriteToSupertable
-from beam_supertable.optimize import OPERATION
-from beam_supertable._maintenance_stage import wait_for_maintenance
+from beam_supertable.table.optimize import OPERATION
 from beam_supertable.testing import assert_table_rows, upsert_stream
+from beam_supertable.transforms.maintenance_stage import wait_for_maintenance
 
 SCHEMA = pa.schema([("id", pa.int64()), ("n", pa.int64())])
 KEYS = 40

@@ -6,14 +6,15 @@ import pyarrow as pa
 import pytest
 
 from beam_supertable import (
-    AlreadyExists, CommitConflictError, CommitFailedError, CorruptManifestError,
-    NotATableError, SchemaMismatchError, Supertable, TableExistsError, VersionNotFoundError)
-from beam_supertable.manifest import CommitRequest, Manifest
-from beam_supertable.store import ObjectStore
-from beam_supertable.manifest import HINT, PART_FANOUT, version_path
+    AlreadyExists, CommitConflictError, CommitFailedError, CorruptManifestError, NotATableError,
+    SchemaMismatchError, Supertable, TableExistsError, VersionNotFoundError)
+from beam_supertable.format.documents import HINT, version_path
+from beam_supertable.format.manifest import PART_FANOUT, CommitRequest, Manifest
+from beam_supertable.format.store import ObjectStore
 from tests.beam_supertable.conftest import SMALL_SCHEMA as SCHEMA
 from tests.beam_supertable.conftest import small_entry as _entry
 from tests.conftest import s3_options
+
 
 def test_append_open_history_and_snapshot_isolation(table, table_location):
     uri, options = table_location

@@ -13,10 +13,9 @@ from apache_beam.testing.util import assert_that, equal_to
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from beam_supertable import (
-    CommitConflictError, OptimizePlan, ReadFromSupertable, Supertable)
-from beam_supertable.manifest import CommitRequest
-from beam_supertable.optimize import commit_optimize, plan_optimize, rewrite_group
+from beam_supertable import CommitConflictError, OptimizePlan, ReadFromSupertable, Supertable
+from beam_supertable.format.manifest import CommitRequest
+from beam_supertable.table.optimize import commit_optimize, plan_optimize, rewrite_group
 
 D = 8
 SCHEMA = pa.schema([("n", pa.int64()), ("body", pa.string()),

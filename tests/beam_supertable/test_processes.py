@@ -10,9 +10,9 @@ import pyarrow as pa
 import pytest
 
 from beam_supertable import Supertable
-from beam_supertable.manifest import Manifest
-from beam_supertable.store import ObjectStore
-from beam_supertable.manifest import version_path
+from beam_supertable.format.documents import version_path
+from beam_supertable.format.manifest import Manifest
+from beam_supertable.format.store import ObjectStore
 from tests.beam_supertable.iceberg_reads import assert_every_version_reads_alike
 from tests.conftest import s3_options
 

@@ -26,8 +26,7 @@ from apache_beam.testing.test_stream import TestStream
 from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms.window import TimestampedValue
 
-from beam_supertable import SchemaMismatchError, Supertable, WriteToSupertable
-from beam_supertable import rag
+from beam_supertable import SchemaMismatchError, Supertable, WriteToSupertable, rag
 from beam_supertable.rag import (
     InvalidQueryError, SupertableSearchEnrichmentHandler, SupertableVectorWriterConfig,
     chunk_schema, migrate_chunk_table)

@@ -8,8 +8,8 @@ import pyarrow.compute as pc
 import pytest
 
 from beam_supertable import Supertable
-from beam_supertable.cache import DEFAULT_CACHE_BYTES, ByteCache
-from beam_supertable.reader import IOStats, SuperfileReader
+from beam_supertable.format.cache import DEFAULT_CACHE_BYTES, ByteCache
+from beam_supertable.format.reader import IOStats, SuperfileReader
 from beam_supertable.vector.metric import prepare
 
 D = 16

@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from beam_supertable._row_reasons import find_problems, id_column, row_label
 from beam_supertable.errors import SchemaMismatchError
-from beam_supertable.schema import conform
+from beam_supertable.format.row_reasons import find_problems, id_column, row_label
+from beam_supertable.format.schema import conform
 
 SCHEMA = pa.schema([pa.field("reading", pa.int64(), nullable=False), ("note", pa.string()),
                     ("emb", pa.list_(pa.float32(), 3)), ("tags", pa.list_(pa.string()))])

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from beam_supertable import Supertable
-from beam_supertable.reader import IOStats, SuperfileReader
+from beam_supertable.format.reader import IOStats, SuperfileReader
 from beam_supertable.vector import calibrate
 from beam_supertable.vector import search as vs
 from beam_supertable.vector.metric import bisector_bounds, distances, nearest, prepare

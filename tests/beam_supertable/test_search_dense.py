@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from beam_supertable import Supertable
-from beam_supertable import schema as schema_mod
 from beam_supertable.errors import SchemaMismatchError
+from beam_supertable.format import schema as schema_mod
 from beam_supertable.vector import dense
 from beam_supertable.vector.metric import prepare
 

@@ -7,7 +7,7 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 from beam_supertable import AlreadyExists, UnsafeBackendError
-from beam_supertable.store import ObjectStore
+from beam_supertable.format.store import ObjectStore
 
 
 @pytest.fixture

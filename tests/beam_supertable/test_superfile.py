@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from beam_supertable import Supertable
-from beam_supertable.superfile import INDEX_KEY
+from beam_supertable.format.superfile import INDEX_KEY
 
 
 def _table(n=3000, d=8, seed=0):

@@ -5,8 +5,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from beam_supertable import (
-    MemoryBudgetError, SchemaMismatchError, Supertable, SupertableError)
+from beam_supertable import MemoryBudgetError, SchemaMismatchError, Supertable, SupertableError
 from beam_supertable.vector.metric import nearest, prepare
 
 D = 16
@@ -172,7 +171,7 @@ def test_bad_input_names_row_and_column_and_commits_nothing(tmp_path):
 
 @pytest.mark.parametrize("shortlist", [False, True])
 def test_fine_runs_and_bit_shortlists_keep_recall(tmp_path, monkeypatch, shortlist):
-    from beam_supertable import superfile
+    from beam_supertable.format import superfile
     from beam_supertable.vector import search as vs
 
     monkeypatch.setattr(superfile, "FINE_RUN_BYTES", 16384)    # ~900 rows a fine run

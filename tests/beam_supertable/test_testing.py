@@ -17,9 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from beam_supertable import NotATableError, Supertable, UpsertToSupertable, WriteToSupertable
-from beam_supertable._testing_diff import RowDiff, changelog_diff
 from beam_supertable.testing import (
     assert_table_rows, changelog_equals, table_rows_equal, temporary_table, upsert_stream)
+from beam_supertable.testing.diff import RowDiff, changelog_diff
 from beam_upsert import Change, Upsert
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 
 from beam_supertable import Supertable, WriteToSupertable
 from beam_supertable.errors import SchemaMismatchError
+from beam_supertable.format.manifest import Manifest
+from beam_supertable.format.store import ObjectStore
 from beam_supertable.fts.analysis import ENGLISH_STOP_WORDS, Analyzer, analyzer_of, normalize
 from beam_supertable.fts.index import TextIndex
 from beam_supertable.fts.tokenize import contains_phrase, parse_query, tokenize
-from beam_supertable.manifest import Manifest
 from beam_supertable.rag import chunk_schema, migrate_chunk_table
-from beam_supertable.store import ObjectStore
 
 SCHEMA = pa.schema([("n", pa.int64()), ("body", pa.string())])
 ENGLISH = analyzer_of({"columns": ["body"], "analysis": normalize("english")})

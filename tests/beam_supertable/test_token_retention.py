@@ -8,8 +8,9 @@ import pyarrow as pa
 import pytest
 
 from beam_supertable import Supertable, TokenReuseError
-from beam_supertable.manifest import Manifest, TOKEN_INDEX, TOKENS, epoch_of
-from beam_supertable._manifest_tokens import _INDEX_CACHE
+from beam_supertable.format.documents import TOKEN_INDEX, TOKENS, epoch_of
+from beam_supertable.format.manifest import Manifest
+from beam_supertable.format.tokens import _INDEX_CACHE
 
 HOUR = 3600.0
 
@@ -164,8 +165,8 @@ def test_a_soak_of_tokened_commits_with_maintenance_stays_bounded(local_uri, clo
     for 300 s: the object count stays under a bound that does not grow with the
     soak, every retained version reads right, a rerun inside the horizon is
     deduplicated and one past it is committed again."""
-    from beam_supertable._manifest_tokens import INDEX_PERIODS
-    from beam_supertable.inspection import inspect_table
+    from beam_supertable.format.tokens import INDEX_PERIODS
+    from beam_supertable.table.inspection import inspect_table
     commits, every, retention = 1000, 100, 300
     t = _table(local_uri, retention)
     expected = {0: 0}

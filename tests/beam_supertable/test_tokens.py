@@ -5,10 +5,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from beam_supertable import (
-    Supertable, SupertableError, TokenReuseError)
-from beam_supertable.manifest import CommitRequest, Manifest
-from beam_supertable.store import ObjectStore
+from beam_supertable import Supertable, SupertableError, TokenReuseError
+from beam_supertable.format.manifest import CommitRequest, Manifest
+from beam_supertable.format.store import ObjectStore
 from tests.beam_supertable.conftest import small_entry as _entry
 
 
@@ -27,7 +26,7 @@ def test_token_found_beyond_the_recent_window_with_base_version(table, table_loc
     uri, options = table_location
     m = Manifest(ObjectStore(uri, options))
     m.commit(CommitRequest(add_entries=(_entry(0),), token="old"))
-    from beam_supertable import manifest as mf
+    from beam_supertable.format import manifest as mf
     window, mf.RECENT_TOKENS = mf.RECENT_TOKENS, 3
     try:
         for i in range(6):
@@ -51,7 +50,7 @@ def test_a_token_past_the_recent_window_is_found_without_a_base_version(
     """A rerun plans on a version after its token landed, so it has no
     ``base_version`` at or before it: the token is found however many tokened
     commits pushed it out of the recent window, and other rows under it are refused."""
-    from beam_supertable import manifest as mf
+    from beam_supertable.format import manifest as mf
     monkeypatch.setattr(mf, "RECENT_TOKENS", 3)
     uri, options = table_location
     m = _old_token_out_of_window(Manifest(ObjectStore(uri, options)))
@@ -65,7 +64,7 @@ def test_a_token_past_the_recent_window_is_found_without_a_base_version(
 def test_a_token_that_lost_a_race_is_found_where_it_landed(table, table_location, monkeypatch):
     """The first attempt's version went to another writer; the token landed on
     the next one, and a rerun past the recent window finds it there."""
-    from beam_supertable import manifest as mf
+    from beam_supertable.format import manifest as mf
     monkeypatch.setattr(mf, "RECENT_TOKENS", 3)
     uri, options = table_location
     a, b = Manifest(ObjectStore(uri, options)), Manifest(ObjectStore(uri, options))
@@ -85,7 +84,7 @@ def test_a_token_whose_version_was_vacuumed_is_found_in_the_token_index(
     """Vacuum folds the markers of the versions it removes into the token index:
     within the retention the same rows are deduplicated (the latest version is
     returned, nothing is committed) and other rows are refused."""
-    from beam_supertable import manifest as mf
+    from beam_supertable.format import manifest as mf
     monkeypatch.setattr(mf, "RECENT_TOKENS", 3)
     uri, options = table_location
     m = _old_token_out_of_window(Manifest(ObjectStore(uri, options)))
@@ -106,7 +105,7 @@ def test_a_landed_token_is_honoured_only_for_the_same_rows(table, table_location
     # ordered differently: the same commit, so nothing new lands.
     rerun = Supertable.open(uri, storage_options=options)
     shuffled = rows.take(pa.array([9, 3, 1, 0, 2, 8, 7, 4, 6, 5]))
-    with caplog.at_level("WARNING", logger="beam_supertable.manifest"):
+    with caplog.at_level("WARNING", logger="beam_supertable.format.manifest"):
         assert rerun.append(shuffled, token="load-1", n_shards=3) == 1
     assert "already landed at version 1" in caplog.text
     # The same token over other rows (one value differs) is refused, loudly.
@@ -224,7 +223,7 @@ def test_a_token_that_landed_at_the_handles_own_version_is_found_past_the_window
 # -- crashes and vacuum --------------------------------------------------------------
 def _crash_marker(table, token, version):
     """What a tokened commit that died between its marker and its version leaves
-    (the marker layout documented in beam_supertable.manifest)."""
+    (the marker layout documented in beam_supertable.format.manifest)."""
     import hashlib
     import json
     path = (f"_supertable/tokens/{hashlib.sha256(token.encode()).hexdigest()}/"

@@ -10,12 +10,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.test_stream import TestStream
 from apache_beam.testing.util import BeamAssertException, assert_that, equal_to
-
-from apache_beam.metrics.metric import MetricsFilter
 
 from beam_supertable import (
     ReadFromSupertable, SchemaMismatchError, Supertable, TokenReuseError, WriteToSupertable)
@@ -237,7 +236,7 @@ def test_a_rerun_with_the_same_rows_is_deduplicated(tmp_path, caplog):
     first = _load(uri, rows, [(1, 500, False)], job_id="load-7")
     assert first["commits"] == 1 and first["rows_committed"] == 500
     # The rerun splits and orders the rows differently: still the same commit.
-    with caplog.at_level("WARNING", logger="beam_supertable.manifest"):
+    with caplog.at_level("WARNING", logger="beam_supertable.format.manifest"):
         again = _load(uri, rows[::-1], [(1, 500, True)], job_id="load-7", n_shards=2)
     assert again["deduplicated_commits"] == 1 and again.get("commits", 0) == 0
     assert "token load-7/" in caplog.text and "already landed at version 1" in caplog.text

@@ -759,10 +759,10 @@ def test_replaced_rows_leave_text_and_vector_search(tmp_path, flavor):
 def test_small_batch_limits_give_the_same_table(tmp_path, monkeypatch, flavor):
     """Every flush path (validation batches, shard lists, lookup batches, Arrow
     batches) taken many times gives the table the default limits give."""
-    import beam_supertable._upsert_apply as uw_apply
-    import beam_supertable._upsert_table as uw_table
-    import beam_supertable._upsert_validate as uw_validate
-    import beam_supertable.upsert_write as uw
+    import beam_supertable.transforms.upsert_apply as uw_apply
+    import beam_supertable.transforms.upsert_table as uw_table
+    import beam_supertable.transforms.upsert_validate as uw_validate
+    import beam_supertable.transforms.upsert_write as uw
     items = [(k % 23, _row(k % 23, f"n{k}") if k % 5 else None, k, 10 + k % 4)
              for k in range(120)]
     _run(str(tmp_path / "big"), items, schema=SCHEMA, primary_key="id", flavor=flavor)

@@ -43,7 +43,7 @@ def test_vacuum_keeps_retained_and_young_objects(tmp_path):
 def test_vacuum_older_than_none_is_the_default_grace_on_every_entry_point(tmp_path):
     # None used to mean "no grace" in Manifest.vacuum and "6 hours" in Supertable.vacuum.
     from beam_supertable import Supertable
-    from beam_supertable.manifest import Manifest
+    from beam_supertable.format.manifest import Manifest
     t = Supertable.create(str(tmp_path / "t"), pa.schema([("x", pa.int64())]))
     t.append(pa.table({"x": [1]}))
     t.store.put("data/orphan.sf.parquet", b"not referenced by any version")

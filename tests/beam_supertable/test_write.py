@@ -15,7 +15,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms import trigger, window
 
 from beam_supertable import SchemaMismatchError, Supertable, WriteToSupertable
-from beam_supertable.store import ObjectStore
+from beam_supertable.format.store import ObjectStore
 from beam_supertable.transforms import CommitResult
 from tests.beam_supertable.test_transforms import ROOT, SCHEMA, _elements
 

@@ -14,7 +14,7 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 
 from beam_supertable import Supertable, WriteToSupertable
-from beam_supertable.mutation import Mutation
+from beam_supertable.table.mutation import Mutation
 from tests.beam_supertable.test_table import SCHEMA, _data, _recall
 
 KEYED = pa.schema([("id", pa.int64()), ("emb", pa.list_(pa.float32(), 16))])

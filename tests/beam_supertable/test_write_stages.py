@@ -7,7 +7,7 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that
 
 from beam_supertable import Supertable
-from beam_supertable._write_stages import _SampleVectors, _TableRef
+from beam_supertable.transforms.write_stages import _SampleVectors, _TableRef
 
 D = 4
 SCHEMA = pa.schema([("n", pa.int64()), ("emb", pa.list_(pa.float32(), D))])

@@ -14,7 +14,7 @@ import sys
 import apache_beam as beam
 
 from beam_supertable import UpsertToSupertable
-from beam_supertable.manifest import Manifest
+from beam_supertable.format.manifest import Manifest
 from tests.beam_supertable.test_upsert_write import CRASH_BATCH, SCHEMA, _commands
 
 CRASH_STATUS = 17

@@ -15,7 +15,8 @@ from beam_supertable import Supertable
 
 
 def main(argv):
-    import logging, os
+    import logging
+    import os
     if os.environ.get("WRITER_LOG"):
         logging.basicConfig(level=logging.INFO)
     mode, uri, options = argv[0], argv[1], json.loads(argv[2]) or None

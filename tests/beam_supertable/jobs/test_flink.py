@@ -19,8 +19,8 @@ from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_supertable import ReadFromSupertable, Supertable, WriteToSupertable
-from beam_upsert import Upsert
 from beam_supertable.jobs import flink, upsert_changes
+from beam_upsert import Upsert
 from tests.beam_supertable.jobs.outputs import job_outputs
 from tests.beam_upsert.helpers import FLAVORS, _Stamp, _WithTime, timestamped
 from tests.beam_upsert.reference import reference_upsert

@@ -15,14 +15,14 @@ from apache_beam.transforms.userstate import TimerSpec, on_timer
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_supertable import ReadFromSupertable, Supertable, WriteToSupertable
+from beam_supertable.jobs import flink, upsert_changes
 from beam_supertable.testing import FailFirstAttempt
 from beam_upsert import Upsert
-from beam_supertable.jobs import flink, upsert_changes
+from tests.beam_supertable.jobs.flink_cluster import FlinkCluster, WorkerPool
 from tests.beam_supertable.jobs.outputs import job_outputs
+from tests.beam_supertable.jobs.test_flink import SCHEMA, _read_lines, _rows, _workload
 from tests.beam_upsert.helpers import _Stamp, _WithTime, timestamped
 from tests.beam_upsert.reference import reference_upsert
-from tests.beam_supertable.jobs.flink_cluster import FlinkCluster, WorkerPool
-from tests.beam_supertable.jobs.test_flink import SCHEMA, _read_lines, _rows, _workload
 
 pytestmark = [pytest.mark.flink, pytest.mark.slow]
 

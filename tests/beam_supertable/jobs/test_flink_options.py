@@ -1,8 +1,8 @@
 """beam_supertable.jobs.flink option handling (no Flink runtime needed)."""
 
 import pytest
-from apache_beam.options.pipeline_options import (FlinkRunnerOptions, PipelineOptions,
-                                                  PortableOptions)
+from apache_beam.options.pipeline_options import (
+    FlinkRunnerOptions, PipelineOptions, PortableOptions)
 
 from beam_supertable.jobs import flink
 from beam_supertable.jobs.options import parse

@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from beam_supertable.jobs import flink, load_supertable, search_supertable
-from tests.beam_supertable.jobs.outputs import job_outputs
 from beam_supertable.jobs.search_supertable import parse_filter
+from tests.beam_supertable.jobs.outputs import job_outputs
 
 SUMMARY = re.compile(r"^search_supertable: queries=(\d+) results=(\d+) empty=(\d+) invalid=(\d+) "
                      r"-> (\S+)$", re.MULTILINE)

@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from beam_supertable import Supertable
-from beam_upsert.model import KeyState, apply_times
 from beam_supertable.jobs import flink, upsert_to_supertable
 from beam_supertable.jobs.io_formats import parse_time
+from beam_upsert.model import KeyState, apply_times
 
 SUMMARY = re.compile(
     r"^upsert_to_supertable: inserts=(\d+) updates=(\d+) deletes=(\d+) dropped=(\d+) "
