@@ -3,7 +3,7 @@
 # changed. Two environments:
 #   default (.venv)       the newest apache-beam: users' Beam, the main job, every
 #                         DirectRunner suite, the docs build; versions in
-#                         constraints.txt; extras [test,docs,interop]
+#                         constraints.txt; extras [test,docs,interop,gcs,azure]
 #   VENV_KIND=flink       (.venv-flink) the apache-beam release whose Flink job
 #                         server this machine can assemble (<beam.version> in
 #                         flink/pom.xml); versions in flink/constraints.txt;
@@ -20,7 +20,7 @@ else
   VENV="${BEAM_PLUGIN_VENV:-$ROOT/.venv}"
   CONSTRAINTS="$ROOT/constraints.txt"
   BEAM_PIN=""
-  EXTRAS="test,docs,interop"
+  EXTRAS="test,docs,interop,gcs,azure"
 fi
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"

@@ -1,4 +1,9 @@
-"""Shared fixtures: storage backends, including a real S3-protocol server."""
+"""Shared fixtures: storage backends, each a real server in its own process.
+
+The S3 server (moto), SeaweedFS (a real S3-compatible server), Azurite (Azure
+Blob Storage) and fake-gcs-server (Google Cloud Storage); the last three are
+installed by ``./scripts/store-servers`` (see ``tests/store_servers.py``).
+"""
 
 import logging
 import os
@@ -9,6 +14,12 @@ import time
 import uuid
 
 import pytest
+
+from tests import store_servers
+
+# Outside readers (pyiceberg's gcsfs) in this process: gcsfs's experimental
+# zonal-bucket check tries gRPC first and waits a minute against an emulator.
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 _LOG = logging.getLogger(__name__)
 S3_CREDENTIALS = {"key": "testing", "secret": "testing"}
@@ -67,6 +78,70 @@ def s3_bucket(s3_server):
     boto3.client("s3", endpoint_url=s3_server, aws_access_key_id="testing",
                  aws_secret_access_key="testing", region_name="us-east-1").create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture(scope="session")
+def seaweedfs_server(tmp_path_factory):
+    """SeaweedFS (``weed server -s3``): an S3-compatible server built to refuse a
+    second conditional create atomically, answering ``412`` in its own words."""
+    server = store_servers.start_seaweedfs(tmp_path_factory.mktemp("seaweedfs"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def azurite_server(tmp_path_factory):
+    """Azurite, Microsoft's Azure Blob Storage emulator (blob service only)."""
+    server = store_servers.start_azurite(tmp_path_factory.mktemp("azurite"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory):
+    """fake-gcs-server, a Google Cloud Storage emulator (in memory)."""
+    server = store_servers.start_fake_gcs(tmp_path_factory.mktemp("fake-gcs"))
+    yield server
+    server.stop()
+
+
+# Every backend a table is written to: local disk and four servers.
+BACKENDS = ("local", "s3", "seaweedfs", "azure", "gcs")
+REMOTE_BACKENDS = BACKENDS[1:]
+
+
+def backend_location(request, backend: str, tmp_path, name: str = "table"):
+    """(uri, storage_options) of a fresh table location on ``backend``."""
+    if backend == "local":
+        return str(tmp_path / name), None
+    if backend == "s3":
+        endpoint = request.getfixturevalue("s3_server")
+        return f"s3://{request.getfixturevalue('s3_bucket')}/{name}", s3_options(endpoint)
+    if backend == "seaweedfs":
+        server = request.getfixturevalue("seaweedfs_server")
+        return (f"s3://{store_servers.seaweed_bucket(server)}/{name}",
+                store_servers.seaweed_options(server))
+    if backend == "azure":
+        server = request.getfixturevalue("azurite_server")
+        return (f"az://{store_servers.azure_container(server)}/{name}",
+                store_servers.azure_options(server))
+    if backend == "gcs":
+        server = request.getfixturevalue("gcs_server")
+        return (f"gs://{store_servers.gcs_bucket(server)}/{name}",
+                store_servers.gcs_options(server))
+    raise ValueError(backend)
+
+
+@pytest.fixture(params=BACKENDS)
+def store_location(request, tmp_path):
+    """(uri, storage_options) of a fresh table location on every backend."""
+    return backend_location(request, request.param, tmp_path)
+
+
+@pytest.fixture(params=REMOTE_BACKENDS)
+def remote_location(request, tmp_path):
+    """(uri, storage_options) of a fresh table location on every server."""
+    return backend_location(request, request.param, tmp_path)
 
 
 @pytest.fixture(params=["local", "memory", pytest.param("s3", marks=pytest.mark.s3)])

@@ -7,10 +7,25 @@ at all, or raises :class:`AlreadyExists`:
 * local files: write a temporary file, fsync, then ``link()`` it into place
   (``link`` fails if the target exists, and never exposes a partial file);
 * ``memory://``: check-and-write under a process-wide lock;
-* ``s3://``: a PUT with ``If-None-Match: *`` (s3fs ``mode="create"``).
+* ``s3://`` (AWS and S3-compatible servers): a PUT with ``If-None-Match: *``
+  (s3fs ``mode="create"``);
+* ``gs://``, ``gcs://`` (Google Cloud Storage): an upload with
+  ``ifGenerationMatch=0`` (gcsfs ``mode="create"``);
+* ``az://``, ``abfs://``, ``abfss://`` (Azure Blob Storage, ADLS Gen2): a PUT
+  with ``If-None-Match: *`` (adlfs ``mode="create"``).
 
 Other backends have no atomic create known to this module; they are refused
 for writing unless the caller promises a single writer (``single_writer``).
+
+A probe, not trust: a scheme says what a store should do, not what the
+server behind an endpoint does (an S3-compatible server or a gateway may
+drop ``If-None-Match`` and overwrite). Before the first create a process makes
+through an endpoint, it creates one probe object under ``_supertable/`` twice;
+a store that accepts the second create is refused (:class:`UnsafeBackendError`)
+before it can lose a commit. A refused create is recognised by what the store
+answered (``412``, Azure's ``409 BlobAlreadyExists``), whatever exception the
+client library made of it; AWS's ``409 ConditionalRequestConflict`` (another
+conditional write in flight) is retried.
 
 Requests that fail in transit (refused or reset connections, timeouts, bodies
 cut short) are retried here, on top of whatever the client library retries:
@@ -29,12 +44,14 @@ them is a truncated answer, never data: it is retried like a failed request.
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import http.client
 import logging
 import os
 import random
+import re
 import threading
 import time
 import uuid
@@ -51,8 +68,18 @@ __all__ = ["ObjectInfo", "ObjectStore"]
 
 _LOG = logging.getLogger(__name__)
 _MEMORY_LOCK = threading.Lock()
-_ATOMIC_PROTOCOLS = {"file", "local", "memory", "s3", "s3a"}
-_LISTING_CACHE_PROTOCOLS = {"s3", "s3a"}
+_S3 = frozenset({"s3", "s3a"})
+_GCS = frozenset({"gs", "gcs"})
+_AZURE = frozenset({"az", "abfs", "abfss"})
+_REMOTE_ATOMIC = _S3 | _GCS | _AZURE
+_ATOMIC_PROTOCOLS = {"file", "local", "memory"} | _REMOTE_ATOMIC
+_LISTING_CACHE_PROTOCOLS = _S3 | _GCS | _AZURE
+# The client library each remote backend needs, and the extra that installs it.
+_LIBRARIES = {**{p: ("s3fs", "s3") for p in _S3}, **{p: ("gcsfs", "gcs") for p in _GCS},
+              **{p: ("adlfs", "azure") for p in _AZURE}}
+PROBE_FOLDER = "_supertable/probe"   # the probe's objects, removed as soon as it is done
+_PROBED: Dict[Tuple[str, ...], bool] = {}
+_PROBE_LOCK = threading.Lock()
 _T = TypeVar("_T")
 
 REQUEST_ATTEMPTS = 4         # per store operation, on top of the client library's retries
@@ -165,15 +192,16 @@ class ObjectStore:
         self.uri = uri
         self.storage_options = dict(storage_options or {})
         fs_options = dict(self.storage_options)
-        if fsspec.core.split_protocol(uri)[0] in _LISTING_CACHE_PROTOCOLS:
-            # s3fs answers info(), exists() and the size probe of cat_file()
-            # from any directory listing it cached earlier, and shares that
-            # cache between every handle on the same filesystem instance:
-            # after one list(), a version another process created since would
-            # stay invisible ("no such object"), and a writer that lost a race
-            # would never see the winner. Every call here asks the server.
+        scheme = fsspec.core.split_protocol(uri)[0]
+        if scheme in _LISTING_CACHE_PROTOCOLS:
+            # s3fs (gcsfs, adlfs) answer info(), exists() and the size probe of
+            # cat_file() from any directory listing cached earlier, shared by
+            # every handle on the same filesystem instance: after one list(), a
+            # version another process created since would stay invisible ("no
+            # such object"), and a writer that lost a race would never see the
+            # winner. Every call here asks the server.
             fs_options["use_listings_cache"] = False
-        self.fs, root = fsspec.core.url_to_fs(uri, **fs_options)
+        self.fs, root = _filesystem(uri, scheme, fs_options)
         self.root = root.rstrip("/")
         self.protocol = _protocol(self.fs)
         self.single_writer = single_writer
@@ -181,6 +209,7 @@ class ObjectStore:
         self._memory = isinstance(self.fs, MemoryFileSystem)
 
     def __repr__(self) -> str:
+        # Never the storage options: they hold credentials.
         return f"ObjectStore({self.uri!r})"
 
     def __reduce__(self):
@@ -200,6 +229,59 @@ class ObjectStore:
                 f"{self.uri!r}: backend {self.protocol!r} has no atomic create-if-absent, "
                 "so concurrent commits could overwrite each other; pass "
                 "single_writer=True if only one writer ever touches this table")
+
+    # -- the probe ---------------------------------------------------------
+    def endpoint(self) -> Tuple[str, ...]:
+        """What the probe's answer holds for: the backend, its endpoint and the bucket."""
+        opts = self.storage_options
+        client = opts.get("client_kwargs") or {}
+        where = (client.get("endpoint_url") or opts.get("endpoint_url") or
+                 opts.get("account_url") or opts.get("account_name") or "")
+        if not where and opts.get("connection_string"):
+            # The blob endpoint (an emulator's) or the account named in the string.
+            parts = dict(p.split("=", 1) for p in opts["connection_string"].split(";") if "=" in p)
+            where = parts.get("BlobEndpoint") or parts.get("AccountName") or ""
+        bucket = self.root.split("/", 1)[0]
+        return (self.protocol, str(where), bucket)
+
+    def _ensure_probed(self) -> None:
+        """Probes this store's endpoint once per process before its first create."""
+        key = self.endpoint()
+        if _PROBED.get(key):
+            return
+        with _PROBE_LOCK:
+            if not _PROBED.get(key):
+                self.probe()
+                _PROBED[key] = True
+
+    def probe(self) -> None:
+        """Checks that the store refuses a second create of one object.
+
+        Creates ``_supertable/probe/<uuid>`` twice, with other bytes the second
+        time, and removes it: two requests (and a delete) per process and
+        endpoint.
+
+        Raises:
+            UnsafeBackendError: the store accepted the second create: it
+                ignores conditional creates, and racing commits would overwrite
+                each other.
+        """
+        path = f"{PROBE_FOLDER}/{uuid.uuid4().hex}"
+        full = self.full(path)
+        self._create_remote(path, full, b"probe: first create")
+        try:
+            accepted = self._second_create(path, full)
+        finally:
+            try:
+                self._request("delete", path, lambda: self.fs.rm_file(full))
+            except (FileNotFoundError, StoreIOError) as exc:   # vacuum reclaims it
+                _LOG.info("%s: probe object %r not removed (%s)", self.uri, path, exc)
+        if accepted:
+            raise UnsafeBackendError(
+                f"{self.uri}: the store accepted a second create of {path!r}: it ignores "
+                "conditional creates (If-None-Match / ifGenerationMatch), so racing commits "
+                "would overwrite each other; use a store that honours them, or pass "
+                "single_writer=True if only one writer ever writes this table")
 
     # -- requests ----------------------------------------------------------
     def _pause(self, what: str, path: str, last: BaseException, attempt: int) -> None:
@@ -322,10 +404,11 @@ class ObjectStore:
         ``durable=False``: as for :meth:`put`.
 
         Note:
-            On S3 a create that finds the object holding exactly ``data``
-            succeeds: its own earlier attempt may have landed unanswered, and
-            nothing tells that apart from an identical object. (Every object
-            this package creates has a fresh name or a unique document.)
+            On a remote store a create that finds the object holding exactly
+            ``data`` succeeds: its own earlier attempt may have landed
+            unanswered, and nothing tells that apart from an identical object.
+            (Every object this package creates has a fresh name or a unique
+            document.)
 
         Raises:
             AlreadyExists: the object is there with other bytes than ``data``.
@@ -341,18 +424,38 @@ class ObjectStore:
                 if self.fs.exists(full):
                     raise AlreadyExists(f"{self.uri}: object {path!r} already exists")
                 self.fs.pipe_file(full, data)
-        elif self.protocol in ("s3", "s3a"):
-            self._create_s3(path, full, data)
+        elif self.protocol in _REMOTE_ATOMIC:
+            if not self.single_writer:
+                self._ensure_probed()
+            self._create_remote(path, full, data)
         else:  # single writer promised
             if self.fs.exists(full):
                 raise AlreadyExists(f"{self.uri}: object {path!r} already exists")
             self.fs.pipe_file(full, data)
 
-    def _create_s3(self, path: str, full: str, data: bytes) -> None:
-        """A PUT with ``If-None-Match: *``, retried; ``412`` on our own bytes is success.
+    def _second_create(self, path: str, full: str) -> bool:
+        """Whether the store accepts a create of an object it holds (the probe's question)."""
+        for attempt in range(REQUEST_ATTEMPTS):
+            try:
+                self.fs.pipe_file(full, b"probe: second create, must be refused", mode="create")
+                return True
+            except Exception as exc:  # noqa: BLE001 - classified right below
+                answer = refusal(exc)
+                if answer == "exists":
+                    return False
+                if answer != "conflict" and not _transient(exc):
+                    raise
+                last = exc
+            if attempt + 1 < REQUEST_ATTEMPTS:
+                self._pause("probe create", path, last, attempt)
+        raise StoreIOError(f"{self.uri}: the probe's second create of {path!r} failed "
+                           f"{REQUEST_ATTEMPTS} times; last: {_describe(last)}") from last
+
+    def _create_remote(self, path: str, full: str, data: bytes) -> None:
+        """A conditional create, retried; a refusal of our own bytes is success.
 
         A create whose answer was lost (reset, cut short, timed out) may have
-        landed; its retry (here, or inside s3fs or botocore) then gets ``412``
+        landed; its retry (here, or inside the client library) is then refused
         although the object is ours. Only the object's bytes can tell.
         """
         last: Optional[BaseException] = None
@@ -360,18 +463,19 @@ class ObjectStore:
             try:
                 self.fs.pipe_file(full, data, mode="create")
                 return
-            except FileExistsError as exc:
-                try:
-                    ours = self._holds(path, full, data, after=exc)
-                except FileNotFoundError:
-                    ours = False  # there a moment ago, someone else's, deleted since
-                if ours:
-                    _LOG.info("%s: create of %r answered 'exists', and the object holds "
-                              "our bytes: an earlier attempt landed", self.uri, path)
-                    return
-                raise AlreadyExists(f"{self.uri}: object {path!r} already exists") from exc
             except Exception as exc:  # noqa: BLE001 - classified right below
-                if not _transient(exc):
+                answer = refusal(exc)
+                if answer == "exists":
+                    try:
+                        ours = self._holds(path, full, data, after=exc)
+                    except FileNotFoundError:
+                        ours = False  # there a moment ago, someone else's, deleted since
+                    if ours:
+                        _LOG.info("%s: create of %r was refused, and the object holds our "
+                                  "bytes: an earlier attempt landed", self.uri, path)
+                        return
+                    raise AlreadyExists(f"{self.uri}: object {path!r} already exists") from exc
+                if answer != "conflict" and not _transient(exc):
                     raise
                 last = exc
             if attempt + 1 < REQUEST_ATTEMPTS:
@@ -382,19 +486,17 @@ class ObjectStore:
         except FileNotFoundError:
             pass
         raise StoreIOError(
-            f"{self.uri}: create of {path!r} failed in transit {REQUEST_ATTEMPTS} times and "
-            f"the object is not there with our bytes; it may still land. Last: "
-            f"{_describe(last)}") from last
+            f"{self.uri}: create of {path!r} failed {REQUEST_ATTEMPTS} times (in transit or "
+            f"in conflict with another conditional write) and the object is not there with "
+            f"our bytes; it may still land. Last: {_describe(last)}") from last
 
     def _holds(self, path: str, full: str, data: bytes, *, after: BaseException) -> bool:
         """Whether the object holds exactly ``data`` (a head; a read if sizes match)."""
         try:
             info = self._request("head", path, lambda: self._info(full))
-            etag = info.get("ETag") or info.get("etag")
-            # A single-part PUT's ETag is the MD5 of its bytes (not under SSE-KMS:
-            # then the bytes themselves decide).
-            if isinstance(etag, str) and \
-                    etag.strip('"') == hashlib.md5(data, usedforsecurity=False).hexdigest():
+            # The store's MD5 of the object, where it keeps one (S3's single-part
+            # ETag, GCS's md5Hash, Azure's Content-MD5); else the bytes decide.
+            if _md5_of(info) == hashlib.md5(data, usedforsecurity=False).hexdigest():
                 return True
             if int(info.get("size") or 0) != len(data):
                 return False
@@ -432,6 +534,96 @@ class ObjectStore:
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+
+
+def _filesystem(uri: str, scheme: Optional[str], options: Dict[str, Any]):
+    """The fsspec filesystem and root of ``uri``; a missing client library is one line."""
+    if scheme in _GCS and _is_emulator(options.get("endpoint_url")):
+        # gcsfs's experimental zonal-bucket check tries gRPC first and waits a
+        # minute per call against an emulator: use its plain filesystem there.
+        try:
+            from gcsfs.core import GCSFileSystem
+        except ImportError as exc:
+            raise _missing(uri, scheme) from exc
+        fs = GCSFileSystem(**options)
+        return fs, fs._strip_protocol(uri)
+    try:
+        return fsspec.core.url_to_fs(uri, **options)
+    except ImportError as exc:
+        if scheme in _LIBRARIES:
+            raise _missing(uri, scheme) from exc
+        raise
+
+
+def _is_emulator(endpoint: Any) -> bool:
+    if not isinstance(endpoint, str) or not endpoint:
+        return False
+    host = endpoint.split("://", 1)[-1].split("/", 1)[0].split(":", 1)[0]
+    return not host.endswith("googleapis.com")
+
+
+def _missing(uri: str, scheme: str) -> ImportError:
+    library, extra = _LIBRARIES[scheme]
+    return ImportError(f"{uri}: the {scheme}:// backend needs {library}; install it with "
+                       f"pip install 'beam-upsert-supertable[{extra}]'")
+
+
+def _md5_of(info: Dict[str, Any]) -> Optional[str]:
+    """The hex MD5 a store reports for an object, or None."""
+    etag = info.get("ETag")
+    if isinstance(etag, str) and re.fullmatch(r'"?[0-9a-f]{32}"?', etag):
+        return etag.strip('"')    # S3: a single-part PUT's ETag
+    digest = info.get("md5Hash")   # GCS: base64
+    if digest is None:
+        digest = (info.get("content_settings") or {}).get("content_md5")   # Azure: bytes
+    try:
+        raw = base64.b64decode(digest) if isinstance(digest, str) else \
+            bytes(digest) if digest is not None else None
+    except (ValueError, TypeError):
+        return None
+    return raw.hex() if raw is not None and len(raw) == 16 else None
+
+
+def refusal(exc: BaseException) -> Optional[str]:
+    """What a failed conditional create was answered, whatever the client made of it.
+
+    ``"exists"``: the object is there (S3-compatible ``412 PreconditionFailed``,
+    which s3fs reports as ``OSError(EINVAL)`` unless the server names the
+    condition; GCS ``412`` on ``ifGenerationMatch``; Azure ``409
+    BlobAlreadyExists`` or ``412``). ``"conflict"``: another conditional write
+    of the key was in flight (AWS ``409 ConditionalRequestConflict``): retry.
+    None: anything else.
+    """
+    seen = 0
+    while exc is not None and seen < 8:
+        seen += 1
+        if isinstance(exc, FileExistsError):
+            return "exists"
+        code, status = _answer(exc)
+        if code == "ConditionalRequestConflict":
+            return "conflict"
+        if status == 412 or code in ("PreconditionFailed", "BlobAlreadyExists",
+                                     "ConditionNotMet"):
+            return "exists"
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _answer(exc: BaseException) -> Tuple[Optional[str], Optional[int]]:
+    """The (error code, HTTP status) an exception of boto, gcsfs or azure carries."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):   # botocore ClientError
+        error = response.get("Error") or {}
+        status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+        return error.get("Code"), status if isinstance(status, int) else None
+    status = getattr(exc, "status_code", None)   # azure.core HttpResponseError
+    if isinstance(status, int):
+        code = getattr(exc, "error_code", None)
+        return (str(code) if code is not None else None), status
+    status = getattr(exc, "code", None)   # gcsfs HttpError
+    if isinstance(status, int) and not isinstance(status, bool):
+        return None, status
+    return None, None
 
 
 def _fsync_dir(folder: str) -> None:

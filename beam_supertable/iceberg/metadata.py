@@ -211,9 +211,40 @@ class IcebergMetadata:
         if found.get("location") != table_location(self.store):
             raise CorruptManifestError(
                 f"{self.store.uri}: {metadata_path(version)} was written for the table at "
-                f"{found.get('location')}; for a table moved here, delete {METADATA}/ and "
-                "deletes/*.pos.parquet and run `beam-supertable iceberg sync`")
+                f"{found.get('location')} (the table was copied or moved here); run "
+                "`beam-supertable iceberg sync --table URI` (Supertable.sync_iceberg()) once: "
+                "it writes the metadata for this location")
         return metadata_path(version)
+
+    # -- a table that moved ----------------------------------------------------
+    def moved_from(self, version: int) -> Optional[str]:
+        """The other location ``version``'s metadata was written for, or None (it is
+        this table's, or there is none)."""
+        found = self._table_json(version)
+        if found is None or found.get("location") in (None, table_location(self.store)):
+            return None
+        return str(found["location"])
+
+    def relocate(self) -> int:
+        """Removes every Iceberg object here that names another location: the metadata
+        of a table copied or moved from there. Each version's metadata is a function of
+        the version and the location, so it is written again for this one (by the
+        commit, ``sync``, or ``iceberg_metadata_location``); until then Iceberg readers
+        see no version, never another location's rows. Returns the objects removed."""
+        here = table_location(self.store)
+        stale = [o.path for o in self.store.list(METADATA)
+                 if is_ours(o.path) or o.path == VERSION_HINT]
+        stale += [o.path for o in self.store.list("deletes")
+                  if o.path.endswith(".pos.parquet")]
+        _LOG.warning("%s: the Iceberg metadata here was written for another location; "
+                     "removing its %d objects to write them for %s", self.store.uri,
+                     len(stale), here)
+        for path in sorted(stale, key=lambda p: not p.endswith(".metadata.json")):
+            self.store.delete(path)
+        self._tables.clear()
+        self._lists.clear()
+        self._delete_files.clear()
+        return len(stale)
 
     # -- writing -------------------------------------------------------------
     def after_commit(self, snapshot: Snapshot) -> None:
@@ -272,6 +303,9 @@ class IcebergMetadata:
         version = snapshot.version
         location = table_location(self.store)
         schema = iceberg_schema(snapshot.schema)
+        if version > 0 and self.moved_from(version - 1) is not None:
+            self.relocate()
+            reuse = False
         if reuse:
             self._fill_gap(version)
         previous = self._manifest_list(version - 1) if version > 0 and reuse else None
@@ -323,6 +357,10 @@ class IcebergMetadata:
         """Checks every object the metadata of ``snapshot``'s version needs, and when one
         is missing or unreadable writes the metadata again; returns its path."""
         version = snapshot.version
+        if self.moved_from(version) is not None or \
+                (version > 0 and self.moved_from(version - 1) is not None):
+            self.relocate()
+            return self.write(snapshot, reuse=False)
         try:
             self.ensure(snapshot)
             needed = referenced(self.store, snapshot) - {VERSION_HINT}

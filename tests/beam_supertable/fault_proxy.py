@@ -30,6 +30,9 @@ Fault kinds:
   body and a ``Content-Length`` that says so: a short body no HTTP client can
   notice (a broken middlebox). Answers without a ``Content-Length`` body pass
   unchanged and are not counted.
+* ``conflict`` (only when asked for): answer ``409 ConditionalRequestConflict``
+  without forwarding, as AWS answers a conditional write that races another
+  one in flight: the request did not happen, and the client should retry.
 
 The schedule is deterministic: the ``n``-th request the proxy sees (counted
 from 0 over all connections) is faulted when ``Random(f"{seed}/{n}")`` draws
@@ -37,6 +40,9 @@ below ``share``, with a kind drawn from the same generator, so a sequential
 client meets the same faults on every run with the same seed. Optional
 filters: ``match`` (a regex over ``"METHOD /path?query"``; other requests pass
 untouched and draw nothing) and ``limit`` (at most this many faults).
+``drop_headers`` (names) removes those request headers from every request
+it forwards: a gateway that drops ``If-None-Match`` turns every conditional
+create into an overwrite.
 
 Requests to ``/__faultproxy__/...`` are answered by the proxy itself::
 
@@ -63,13 +69,20 @@ import time
 import urllib.request
 from typing import Dict, List, Optional, Tuple
 
-KINDS = ("refuse", "reset", "truncate", "stall", "shorten")
+KINDS = ("refuse", "reset", "truncate", "stall", "shorten", "conflict")
 DEFAULT_KINDS = ("refuse", "reset", "truncate", "stall")
 CONTROL_PREFIX = "/__faultproxy__/"
 DEFAULT_STALL_S = 3.0
 IO_TIMEOUT_S = 30.0          # an upstream that says nothing this long is broken
 MAX_FAULT_LOG = 10_000       # faulted requests kept for the stats report
 MAX_HEAD_BYTES = 64 << 10
+
+
+_CONFLICT_BODY = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>ConditionalRequestConflict'
+                  b'</Code><Message>A conflicting conditional operation is currently in '
+                  b'progress against this resource. Please try again.</Message></Error>')
+_CONFLICT = (b"HTTP/1.1 409 Conflict\r\nContent-Type: application/xml\r\nContent-Length: "
+             + str(len(_CONFLICT_BODY)).encode() + b"\r\n\r\n" + _CONFLICT_BODY)
 
 
 class _Closed(Exception):
@@ -175,6 +188,7 @@ class _Settings:
         self.seed, self.share, self.kinds, self.stall_s = seed, share, list(kinds), stall_s
         self.match: Optional[str] = None
         self.limit: Optional[int] = None
+        self.drop_headers: List[str] = []
         self.reset_counters()
 
     def reset_counters(self) -> None:
@@ -208,17 +222,20 @@ class _Settings:
                     self.match = value
                 elif name == "limit":
                     self.limit = None if value is None else int(value)
+                elif name == "drop_headers":
+                    self.drop_headers = [str(v).lower() for v in value]
                 elif name == "reset_counters":
                     if value:
                         self.reset_counters()
                 else:
                     raise ValueError(f"unknown setting {name!r}; known: seed, share, kinds, "
-                                     "stall_s, match, limit, reset_counters")
+                                     "stall_s, match, limit, drop_headers, reset_counters")
             return self.describe()
 
     def describe(self) -> dict:
         return {"seed": self.seed, "share": self.share, "kinds": self.kinds,
-                "stall_s": self.stall_s, "match": self.match, "limit": self.limit}
+                "stall_s": self.stall_s, "match": self.match, "limit": self.limit,
+                "drop_headers": self.drop_headers}
 
     def decide(self, method: str, target: str) -> Tuple[int, Optional[str], random.Random]:
         """Numbers the request and draws its fault (None: pass it through)."""
@@ -293,8 +310,12 @@ class _Connection:
             self.settings.record(n, kind, method, target)
             _reset(self.client)
             return False
-        upstream_headers = [(k, v) for k, v in headers
-                            if k.lower() not in ("connection", "keep-alive")]
+        if kind == "conflict":
+            self.settings.record(n, kind, method, target)
+            self.client.sendall(_CONFLICT)
+            return True
+        dropped = ("connection", "keep-alive", *self.settings.drop_headers)
+        upstream_headers = [(k, v) for k, v in headers if k.lower() not in dropped]
         upstream_headers.append(("Connection", "close"))
         response = self._forward(_build_head(first, upstream_headers) + body)
         with self.settings.lock:

@@ -7,12 +7,25 @@ import pytest
 from beam_supertable import Supertable
 
 
-def s3_properties(storage_options):
+FSSPEC_IO = "pyiceberg.io.fsspec.FsspecFileIO"
+
+
+def iceberg_properties(storage_options):
+    """pyiceberg's FileIO properties for a table's store (its own names for each)."""
     if not storage_options:
         return {}
-    return {"s3.endpoint": storage_options["client_kwargs"]["endpoint_url"],
-            "s3.access-key-id": storage_options["key"],
-            "s3.secret-access-key": storage_options["secret"], "s3.region": "us-east-1"}
+    if "client_kwargs" in storage_options:   # S3 and S3-compatible servers
+        return {"s3.endpoint": storage_options["client_kwargs"]["endpoint_url"],
+                "s3.access-key-id": storage_options["key"],
+                "s3.secret-access-key": storage_options["secret"], "s3.region": "us-east-1"}
+    if "connection_string" in storage_options:   # Azure (Azurite)
+        return {"py-io-impl": FSSPEC_IO,
+                "adls.connection-string": storage_options["connection_string"],
+                "adls.account-name": storage_options["account_name"]}
+    if "endpoint_url" in storage_options:   # Google Cloud Storage (fake-gcs-server)
+        return {"py-io-impl": FSSPEC_IO, "gcs.service.host": storage_options["endpoint_url"],
+                "gcs.oauth2.token": "anon", "gcs.project-id": storage_options.get("project", "")}
+    raise ValueError(f"no pyiceberg properties for {sorted(storage_options)}")
 
 
 def rows_of(table) -> list:
@@ -24,7 +37,7 @@ def rows_of(table) -> list:
 
 def iceberg_scan(location, storage_options=None, snapshot_id=None, **scan):
     static = pytest.importorskip("pyiceberg.table").StaticTable
-    table = static.from_metadata(location, s3_properties(storage_options))
+    table = static.from_metadata(location, iceberg_properties(storage_options))
     return table.scan(snapshot_id=snapshot_id, **scan)
 
 
@@ -39,7 +52,7 @@ def assert_every_version_reads_alike(uri, storage_options=None, every=1):
     latest_location = latest.iceberg_metadata_location()
     static = pytest.importorskip("pyiceberg.table").StaticTable
     listed = [s.snapshot_id for s in static.from_metadata(
-        latest_location, s3_properties(storage_options)).metadata.snapshots]
+        latest_location, iceberg_properties(storage_options)).metadata.snapshots]
     # The newest versions, up to SNAPSHOTS_KEPT, in order: the history has no gap.
     assert listed == list(range(max(oldest, 1, latest.version - SNAPSHOTS_KEPT + 1),
                                 latest.version + 1))

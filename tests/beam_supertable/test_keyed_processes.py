@@ -10,22 +10,18 @@ import pytest
 
 from beam_supertable import Supertable
 from tests.beam_supertable.iceberg_reads import assert_every_version_reads_alike
-from tests.conftest import s3_options
+from tests.conftest import REMOTE_BACKENDS, backend_location
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCHEMA = pa.schema([("id", pa.int64()), ("label", pa.string())])
 KEYS = 16
 
 
-@pytest.fixture(params=[pytest.param(("local", 8), id="local"),
-                        pytest.param(("s3", 3), id="s3", marks=[pytest.mark.s3, pytest.mark.slow])])
+@pytest.fixture(params=[pytest.param(("local", 8), id="local")] + [
+    pytest.param((name, 3), id=name, marks=pytest.mark.slow) for name in REMOTE_BACKENDS])
 def location(request, tmp_path):
-    backend, rounds = request.param
-    if backend == "local":
-        return str(tmp_path / "table"), None, rounds
-    endpoint = request.getfixturevalue("s3_server")
-    bucket = request.getfixturevalue("s3_bucket")
-    return f"s3://{bucket}/table", s3_options(endpoint), rounds
+    backend, *sizes = request.param
+    return (*backend_location(request, backend, tmp_path), *sizes)
 
 
 def test_racing_upserts_keep_one_live_row_per_key_and_the_last_committer_wins(location):

@@ -3,6 +3,7 @@
     python -m tests.beam_supertable.writer_proc append URI OPTIONS_JSON WRITER N
     python -m tests.beam_supertable.writer_proc append-constant-random URI OPTIONS_JSON WRITER N
     python -m tests.beam_supertable.writer_proc upload-then-hang URI OPTIONS_JSON
+    python -m tests.beam_supertable.writer_proc vacuum URI OPTIONS_JSON STOP_FILE GRACE_S
 """
 
 import json
@@ -34,6 +35,17 @@ def main(argv):
             table.append(pa.table({"writer": [writer], "seq": [seq]}),
                          token=f"{writer}/{seq}", max_retries=100)
         print("DONE", flush=True)
+    elif mode == "vacuum":
+        # Vacuums while the writers race, until told to stop; the grace outlasts
+        # any commit's upload-to-commit window, as it must in production.
+        stop, grace = argv[3], float(argv[4])
+        removed, rounds = 0, 0
+        while not os.path.exists(stop):
+            report = table.vacuum(retain_versions=10, older_than=grace)
+            removed += len(report.removed_versions)
+            rounds += 1
+            time.sleep(0.5)
+        print(f"VACUUMED {removed} {rounds}", flush=True)
     elif mode == "upload-then-hang":
         table.write_superfiles(pa.table({"writer": ["doomed"], "seq": [0]}))
         print("UPLOADED", flush=True)
