@@ -161,7 +161,8 @@ def _object_info(path: str, info: Dict[str, Any]) -> ObjectInfo:
 
 
 def _mtime(info: Dict[str, Any]) -> Optional[float]:
-    for field in ("mtime", "LastModified", "created", "updated"):
+    # fsspec's local and memory stores, s3fs, gcsfs ("updated" too), adlfs.
+    for field in ("mtime", "LastModified", "created", "updated", "last_modified"):
         value = info.get(field)
         if value is None:
             continue

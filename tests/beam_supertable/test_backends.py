@@ -210,3 +210,14 @@ def test_sync_on_a_fresh_copy_writes_metadata_for_the_new_location(store_locatio
     assert rows_of(iceberg_scan(first, copy_options).to_arrow()) == rows_of(
         copy.checkout(1).to_arrow())
 
+
+
+def test_every_backend_reports_when_an_object_was_written(store_location, fresh_probes):
+    # Vacuum's grace is measured from these times: a store whose times went unread
+    # would never have an orphan removed.
+    uri, options = store_location
+    store = ObjectStore(uri, options)
+    store.put_if_absent("a", b"1")
+    store.put("b", b"2")
+    assert store.head("a").mtime is not None
+    assert all(info.mtime is not None for info in store.list(""))

@@ -19,7 +19,9 @@ from tests.conftest import BACKENDS, backend_location
 SCHEMA = pa.schema([("writer", pa.string()), ("seq", pa.int64())])
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WRITERS, COMMITS = 8, 25
-VACUUM_GRACE_S = 20
+# Vacuum's contract: its grace outlasts any upload-to-commit window (a commit that loses
+# races for longer than the grace can find its superfile or part vacuumed).
+VACUUM_GRACE_S = 60
 
 
 def _spawn(*args):
