@@ -1,7 +1,8 @@
 """The objects on the store, and how they are read, written and committed.
 
 - the store: :mod:`.store` (an fsspec filesystem with atomic create, retries,
-  the backend checks), :mod:`.cache` (the handle's byte budget);
+  the probe), :mod:`.backends` (each backend's schemes, client library and
+  answers), :mod:`.cache` (the handle's byte budget);
 - a superfile: :mod:`.superfile` (the Parquet layout with its index
   sections), :mod:`.writer` (building and uploading superfiles),
   :mod:`.reader` (ranged reads of one), :mod:`.deletes` (deletion vectors),

@@ -44,14 +44,12 @@ them is a truncated answer, never data: it is retried like a failed request.
 
 from __future__ import annotations
 
-import base64
 import functools
 import hashlib
 import http.client
 import logging
 import os
 import random
-import re
 import threading
 import time
 import uuid
@@ -63,20 +61,13 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
 from beam_supertable.errors import AlreadyExists, StoreIOError, UnsafeBackendError
+from beam_supertable.format.backends import (
+    LISTING_CACHE_PROTOCOLS, REMOTE_ATOMIC, filesystem, md5_of, refusal)
 
 __all__ = ["ObjectInfo", "ObjectStore"]
 
 _LOG = logging.getLogger(__name__)
 _MEMORY_LOCK = threading.Lock()
-_S3 = frozenset({"s3", "s3a"})
-_GCS = frozenset({"gs", "gcs"})
-_AZURE = frozenset({"az", "abfs", "abfss"})
-_REMOTE_ATOMIC = _S3 | _GCS | _AZURE
-_ATOMIC_PROTOCOLS = {"file", "local", "memory"} | _REMOTE_ATOMIC
-_LISTING_CACHE_PROTOCOLS = _S3 | _GCS | _AZURE
-# The client library each remote backend needs, and the extra that installs it.
-_LIBRARIES = {**{p: ("s3fs", "s3") for p in _S3}, **{p: ("gcsfs", "gcs") for p in _GCS},
-              **{p: ("adlfs", "azure") for p in _AZURE}}
 PROBE_FOLDER = "_supertable/probe"   # the probe's objects, removed as soon as it is done
 _PROBED: Dict[Tuple[str, ...], bool] = {}
 _PROBE_LOCK = threading.Lock()
@@ -194,7 +185,7 @@ class ObjectStore:
         self.storage_options = dict(storage_options or {})
         fs_options = dict(self.storage_options)
         scheme = fsspec.core.split_protocol(uri)[0]
-        if scheme in _LISTING_CACHE_PROTOCOLS:
+        if scheme in LISTING_CACHE_PROTOCOLS:
             # s3fs (gcsfs, adlfs) answer info(), exists() and the size probe of
             # cat_file() from any directory listing cached earlier, shared by
             # every handle on the same filesystem instance: after one list(), a
@@ -202,7 +193,7 @@ class ObjectStore:
             # such object"), and a writer that lost a race would never see the
             # winner. Every call here asks the server.
             fs_options["use_listings_cache"] = False
-        self.fs, root = _filesystem(uri, scheme, fs_options)
+        self.fs, root = filesystem(uri, scheme, fs_options)
         self.root = root.rstrip("/")
         self.protocol = _protocol(self.fs)
         self.single_writer = single_writer
@@ -219,7 +210,7 @@ class ObjectStore:
 
     @property
     def atomic(self) -> bool:
-        return self.protocol in _ATOMIC_PROTOCOLS
+        return self.protocol in ("file", "local", "memory") or self.protocol in REMOTE_ATOMIC
 
     def full(self, path: str) -> str:
         return f"{self.root}/{path}" if path else self.root
@@ -425,7 +416,7 @@ class ObjectStore:
                 if self.fs.exists(full):
                     raise AlreadyExists(f"{self.uri}: object {path!r} already exists")
                 self.fs.pipe_file(full, data)
-        elif self.protocol in _REMOTE_ATOMIC:
+        elif self.protocol in REMOTE_ATOMIC:
             if not self.single_writer:
                 self._ensure_probed()
             self._create_remote(path, full, data)
@@ -497,7 +488,7 @@ class ObjectStore:
             info = self._request("head", path, lambda: self._info(full))
             # The store's MD5 of the object, where it keeps one (S3's single-part
             # ETag, GCS's md5Hash, Azure's Content-MD5); else the bytes decide.
-            if _md5_of(info) == hashlib.md5(data, usedforsecurity=False).hexdigest():
+            if md5_of(info) == hashlib.md5(data, usedforsecurity=False).hexdigest():
                 return True
             if int(info.get("size") or 0) != len(data):
                 return False
@@ -535,96 +526,6 @@ class ObjectStore:
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-
-
-def _filesystem(uri: str, scheme: Optional[str], options: Dict[str, Any]):
-    """The fsspec filesystem and root of ``uri``; a missing client library is one line."""
-    if scheme in _GCS and _is_emulator(options.get("endpoint_url")):
-        # gcsfs's experimental zonal-bucket check tries gRPC first and waits a
-        # minute per call against an emulator: use its plain filesystem there.
-        try:
-            from gcsfs.core import GCSFileSystem
-        except ImportError as exc:
-            raise _missing(uri, scheme) from exc
-        fs = GCSFileSystem(**options)
-        return fs, fs._strip_protocol(uri)
-    try:
-        return fsspec.core.url_to_fs(uri, **options)
-    except ImportError as exc:
-        if scheme in _LIBRARIES:
-            raise _missing(uri, scheme) from exc
-        raise
-
-
-def _is_emulator(endpoint: Any) -> bool:
-    if not isinstance(endpoint, str) or not endpoint:
-        return False
-    host = endpoint.split("://", 1)[-1].split("/", 1)[0].split(":", 1)[0]
-    return not host.endswith("googleapis.com")
-
-
-def _missing(uri: str, scheme: str) -> ImportError:
-    library, extra = _LIBRARIES[scheme]
-    return ImportError(f"{uri}: the {scheme}:// backend needs {library}; install it with "
-                       f"pip install 'beam-upsert-supertable[{extra}]'")
-
-
-def _md5_of(info: Dict[str, Any]) -> Optional[str]:
-    """The hex MD5 a store reports for an object, or None."""
-    etag = info.get("ETag")
-    if isinstance(etag, str) and re.fullmatch(r'"?[0-9a-f]{32}"?', etag):
-        return etag.strip('"')    # S3: a single-part PUT's ETag
-    digest = info.get("md5Hash")   # GCS: base64
-    if digest is None:
-        digest = (info.get("content_settings") or {}).get("content_md5")   # Azure: bytes
-    try:
-        raw = base64.b64decode(digest) if isinstance(digest, str) else \
-            bytes(digest) if digest is not None else None
-    except (ValueError, TypeError):
-        return None
-    return raw.hex() if raw is not None and len(raw) == 16 else None
-
-
-def refusal(exc: BaseException) -> Optional[str]:
-    """What a failed conditional create was answered, whatever the client made of it.
-
-    ``"exists"``: the object is there (S3-compatible ``412 PreconditionFailed``,
-    which s3fs reports as ``OSError(EINVAL)`` unless the server names the
-    condition; GCS ``412`` on ``ifGenerationMatch``; Azure ``409
-    BlobAlreadyExists`` or ``412``). ``"conflict"``: another conditional write
-    of the key was in flight (AWS ``409 ConditionalRequestConflict``): retry.
-    None: anything else.
-    """
-    seen = 0
-    while exc is not None and seen < 8:
-        seen += 1
-        if isinstance(exc, FileExistsError):
-            return "exists"
-        code, status = _answer(exc)
-        if code == "ConditionalRequestConflict":
-            return "conflict"
-        if status == 412 or code in ("PreconditionFailed", "BlobAlreadyExists",
-                                     "ConditionNotMet"):
-            return "exists"
-        exc = exc.__cause__ or exc.__context__
-    return None
-
-
-def _answer(exc: BaseException) -> Tuple[Optional[str], Optional[int]]:
-    """The (error code, HTTP status) an exception of boto, gcsfs or azure carries."""
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):   # botocore ClientError
-        error = response.get("Error") or {}
-        status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
-        return error.get("Code"), status if isinstance(status, int) else None
-    status = getattr(exc, "status_code", None)   # azure.core HttpResponseError
-    if isinstance(status, int):
-        code = getattr(exc, "error_code", None)
-        return (str(code) if code is not None else None), status
-    status = getattr(exc, "code", None)   # gcsfs HttpError
-    if isinstance(status, int) and not isinstance(status, bool):
-        return None, status
-    return None, None
 
 
 def _fsync_dir(folder: str) -> None:

@@ -332,8 +332,10 @@ class Vacuum:
                 self.store.delete(info.path)
             for path in replaced:
                 self.store.delete(path)
-            if plan.removed_versions:
-                latest = self.load()
-                for view in self.views:
-                    view.after_vacuum(latest, list(plan.retained_versions))
+            # Every time, not only when this vacuum removed versions: a view written
+            # while an earlier vacuum ran may still name versions that one removed.
+            latest = self.load()
+            oldest = min(plan.retained_versions, default=latest.version)
+            for view in self.views:
+                view.after_vacuum(latest, [v for v in range(oldest, latest.version + 1)])
         return plan.report()

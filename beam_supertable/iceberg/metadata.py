@@ -25,6 +25,10 @@ version document is created; one that is missing (a crash in between) is
 written by the next call to :func:`metadata_location`, or by ``beam-supertable
 iceberg sync``. A version without its metadata is invisible to Iceberg readers,
 never read as an empty table.
+
+Why this module is long: it is the one writer of the format (metadata, manifest lists,
+manifests, position deletes) with its repair and relocation, each of which
+needs the others' paths and caches.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ Bytes in (through :class:`SectionReader`), arrays out; no I/O of its own.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import threading
 from typing import Any, Dict, Hashable, List, Protocol, Sequence, Tuple
@@ -14,7 +15,11 @@ import numpy as np
 from beam_supertable.vector import codes
 from beam_supertable.vector.metric import prepare, vectors_of
 
-SQ8_ONCE, EXACT, SQ8_AGAIN = 1, 2, 3   # a run's state in a handle's cache (0: not loaded)
+# A run's state in a handle's cache (0: not loaded); FETCHED: its codes read ahead of
+# the first scoring (load_codes), which then counts as the first.
+SQ8_ONCE, EXACT, SQ8_AGAIN, SQ8_FETCHED = 1, 2, 3, 4
+CODE_GAP_BYTES = 32 * 1024      # cold runs closer than this share one ranged read
+CODE_READERS = 8                # ranged reads of one superfile's codes in flight at once
 EXACT_FIRST_RUNS = 4             # a search loading at most this many runs reads their fp32 rows
 
 
@@ -181,7 +186,9 @@ class VectorIndex:
         """
         run = self._run_at[start]
         score, _, state = self._stores().arrays()
-        if state[run] == SQ8_ONCE:
+        if state[run] == SQ8_FETCHED:
+            state[run] = SQ8_ONCE
+        elif state[run] == SQ8_ONCE:
             state[run] = SQ8_AGAIN    # scored from codes twice: promote() loads its rows
         elif not state[run]:
             data = self.reader.section_range("vector.sq8", start * self.dim, stop * self.dim)
@@ -194,6 +201,50 @@ class VectorIndex:
                     self._put_scoring(score, start, stop, dec)
                     state[run] = SQ8_ONCE
         return score[:, start:stop], bool(state[run] == EXACT)
+
+    def load_codes(self, spans: Sequence[Tuple[int, int]]) -> None:
+        """Reads the SQ8 codes of the cold runs among ``spans`` (``(start, stop)``) ahead
+        of scoring them, in as few ranged reads as the layout allows.
+
+        A cold query probes many runs of one superfile; read one by one, each is
+        a round trip. Runs are stored in cell order, so the probed ones lie in a
+        few stretches: runs closer than ``CODE_GAP_BYTES`` share one read, and the
+        reads go out together.
+        """
+        state = self._stores().state
+        cold = sorted({(int(a), int(b)) for a, b in spans
+                       if b > a and a < self.rows and not state[self._run_at[a]]})
+        if len(cold) < 2:
+            return   # one run: scoring_rows reads it as before
+        groups: List[List[Any]] = []
+        for a, b in cold:
+            if groups and (a - groups[-1][1]) * self.dim <= CODE_GAP_BYTES:
+                groups[-1][1] = max(groups[-1][1], b)
+                groups[-1][2].append((a, b))
+            else:
+                groups.append([a, b, [(a, b)]])
+        params = self.params()
+
+        def read(group) -> bytes:
+            return self.reader.section_range("vector.sq8", group[0] * self.dim,
+                                             group[1] * self.dim)
+
+        if len(groups) == 1:
+            datas = [read(groups[0])]
+        else:
+            with concurrent.futures.ThreadPoolExecutor(min(CODE_READERS, len(groups))) as pool:
+                datas = list(pool.map(read, groups))
+        with self._lock:
+            score, _, state = self._room(sum(b - a for a, b in cold) * self.dim * 4).arrays()
+            for (start, _, runs), data in zip(groups, datas):
+                codes_ = np.frombuffer(data, dtype=np.uint8).reshape(-1, self.dim)
+                for a, b in runs:
+                    run = self._run_at[a]
+                    if state[run]:
+                        continue    # another thread loaded it meanwhile
+                    dec = codes.sq8_decode(codes_[a - start:b - start], params)
+                    self._put_scoring(score, a, b, dec)
+                    state[run] = SQ8_FETCHED
 
     def promote(self) -> None:
         """Loads the exact rows of the runs scored from codes more than once.

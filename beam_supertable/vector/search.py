@@ -205,6 +205,8 @@ def _search_superfile(index: VectorIndex, queries: np.ndarray, probes: np.ndarra
     augmented = np.concatenate([queries, np.ones((n_q, 1), np.float32)], axis=1)
     index.load_small(run[0] for run, _, _, _ in runs)
     exact = index.all_exact([run[0] for run, _, _, _ in runs])
+    if not exact:
+        index.load_codes([(run[0], run[1]) for run, _, _, _ in runs])
     depth = k if exact else k * RERANK_PER_K
     warm = index.scoring_store() if exact else None   # every run loaded: no per-run checks
     cut = np.full(n_q, np.inf, dtype=np.float32)

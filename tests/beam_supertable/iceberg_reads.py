@@ -54,8 +54,11 @@ def assert_every_version_reads_alike(uri, storage_options=None, every=1):
     listed = [s.snapshot_id for s in static.from_metadata(
         latest_location, iceberg_properties(storage_options)).metadata.snapshots]
     # The newest versions, up to SNAPSHOTS_KEPT, in order: the history has no gap.
-    assert listed == list(range(max(oldest, 1, latest.version - SNAPSHOTS_KEPT + 1),
-                                latest.version + 1))
+    expected = list(range(max(oldest, 1, latest.version - SNAPSHOTS_KEPT + 1),
+                          latest.version + 1))
+    assert listed == expected, (f"snapshots listed by the latest metadata: {listed[:5]}..."
+                                f"{listed[-3:]} ({len(listed)}), expected {expected[:3]}..."
+                                f"{expected[-3:]} ({len(expected)})")
     for version in sorted(set(range(oldest, latest.version + 1, every)) | {latest.version}):
         ours = rows_of(Supertable.open(uri, version=version,
                                        storage_options=storage_options).to_arrow())

@@ -14,7 +14,8 @@ import pytest
 from beam_supertable import Supertable, UnsafeBackendError
 from beam_supertable.errors import AlreadyExists
 from beam_supertable.format import store as store_mod
-from beam_supertable.format.store import ObjectStore, refusal
+from beam_supertable.format.backends import refusal
+from beam_supertable.format.store import ObjectStore
 from tests.beam_supertable.iceberg_reads import iceberg_scan, rows_of
 from tests.conftest import backend_location, s3_options
 
