@@ -12,6 +12,9 @@ import importlib
 import warnings
 
 from beam_supertable import _moved
+
+_moved.install()   # first: a thread may import an old path while this package loads
+
 from beam_supertable._version import __version__
 from beam_supertable.errors import (
     AlreadyExists, CommitConflictError, CommitFailedError, CorruptManifestError, DuplicateKeyError,
@@ -21,8 +24,6 @@ from beam_supertable.format.manifest import Snapshot, VacuumPlan, VacuumReport
 from beam_supertable.table.inspection import inspect_table
 from beam_supertable.table.optimize import OptimizeGroup, OptimizePlan
 from beam_supertable.table.supertable import Supertable
-
-_moved.install()
 
 __all__ = [
     "__version__",
@@ -62,6 +63,8 @@ _INTERNAL = {
 def __getattr__(name):
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if f"{__name__}.{name}" in _moved.MOVED:   # ``beam_supertable.manifest`` and the like
+        return importlib.import_module(f"{__name__}.{name}")
     if name in _INTERNAL:
         module = _INTERNAL[name]
         warnings.warn(f"beam_supertable.{name} is internal and leaves the package namespace "

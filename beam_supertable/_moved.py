@@ -14,7 +14,7 @@ import importlib.abc
 import importlib.util
 import sys
 import warnings
-from typing import Dict
+from typing import Any, Callable, Dict, Sequence
 
 MOVED: Dict[str, str] = {
     f"beam_supertable.{old}": f"beam_supertable.{new}" for old, new in {
@@ -30,6 +30,9 @@ MOVED: Dict[str, str] = {
     }.items()}
 
 
+_SPECS: Dict[str, object] = {}
+
+
 class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Imports an old path as the module that now lives at the new one."""
 
@@ -43,15 +46,32 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         warnings.warn(f"{spec.name} moved to {new}; the old path is deprecated and goes in 0.4",
                       DeprecationWarning, stacklevel=2)   # importlib's frames are skipped
         module = importlib.import_module(new)
-        self._spec = module.__spec__   # the import machinery sets the old one on it next
+        # The import machinery sets the old name's spec on it next; keep the real one
+        # (by the module's own name: two threads may import two old paths at once).
+        _SPECS[module.__name__] = module.__spec__
         return module
 
     def exec_module(self, module):
         # The module ran when it was imported by its new name; it keeps that name's spec.
-        module.__spec__ = self._spec
+        module.__spec__ = _SPECS.get(module.__name__, module.__spec__)
 
 
 def install() -> None:
     """Makes the old paths importable (once per interpreter)."""
     if not any(isinstance(f, _Alias) for f in sys.meta_path):
         sys.meta_path.append(_Alias())
+
+
+def old_names(module: str, homes: Sequence[Any]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` serving the names ``module`` re-exported before the
+    package's folders from the modules that define them (``homes``), with a warning
+    naming where they live, until 0.4."""
+    def __getattr__(name: str) -> Any:
+        for home in homes:
+            if not name.startswith("__") and hasattr(home, name):
+                warnings.warn(f"{module}.{name} is defined in another module; import it from "
+                              f"{home.__name__} (the old name goes in 0.4)",
+                              DeprecationWarning, stacklevel=2)
+                return getattr(home, name)
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    return __getattr__

@@ -56,9 +56,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import pyarrow as pa
 
+from beam_supertable._moved import old_names
 from beam_supertable.errors import (
     AlreadyExists, CommitConflictError, CommitFailedError, CorruptManifestError, NotATableError,
     SchemaMismatchError, StoreIOError, SupertableError, TableExistsError, VersionNotFoundError)
+from beam_supertable.format import documents as _documents
+from beam_supertable.format import tokens as _tokens
+from beam_supertable.format import vacuum as _vacuum
 from beam_supertable.format.documents import (
     FORMAT_VERSION, HINT, PARTS, RECENT_TOKENS, VERSIONS, CommitRequest, PartRef, Snapshot,
     _canonical, _entry_ids, _same_rows, commit_fingerprint, iso_of, schema_from_text,
@@ -584,7 +588,11 @@ class Manifest(TokenIndex, Vacuum):
             return None
 
 
-# Defined in private modules; public under this module's name (repr, pickles).
+# Defined in other modules; public under this module's name (repr, pickles).
 for _public in (CommitRequest, PartRef, Snapshot, VacuumPlan, VacuumReport,):
     _public.__module__ = __name__
 del _public
+
+
+# Names this module re-exported before the package's folders.
+__getattr__ = old_names(__name__, (_documents, _tokens, _vacuum))

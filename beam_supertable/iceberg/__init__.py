@@ -17,9 +17,10 @@ import warnings
 from beam_supertable.format.views import register_view
 from beam_supertable.iceberg import metadata as _metadata
 from beam_supertable.iceberg.metadata import (
-    ENABLED_PROPERTY, ENABLED_VALUE, IcebergMetadata, is_enabled, metadata_path, referenced)
+    ENABLED_PROPERTY, ENABLED_VALUE, METADATA, IcebergMetadata, is_enabled, metadata_path,
+    referenced)
 
-__all__ = ["ENABLED_PROPERTY", "ENABLED_VALUE", "IcebergMetadata", "is_enabled",
+__all__ = ["ENABLED_PROPERTY", "ENABLED_VALUE", "METADATA", "IcebergMetadata", "is_enabled",
            "metadata_path", "referenced"]
 
 register_view(IcebergMetadata.of)
@@ -33,3 +34,7 @@ def __getattr__(name):
                   f"the old path goes in 0.4", DeprecationWarning, stacklevel=2)
     value = globals()[name] = getattr(_metadata, name)   # warned once
     return value
+
+
+def __dir__():
+    return sorted(set(globals()) | {n for n in dir(_metadata) if not n.startswith("_")})

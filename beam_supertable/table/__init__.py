@@ -16,6 +16,9 @@ and the indexes (``vector/``, ``fts/``), never apache_beam or the transforms.
 import importlib
 import warnings
 
+# The names of the module this package replaced (``from beam_supertable.table import *``).
+__all__ = ["CREATE_MODES", "CreateMode", "Metric", "Supertable"]
+
 
 def __getattr__(name):
     # ``beam_supertable.table`` was the module of ``Supertable`` before it was a package.
@@ -27,3 +30,7 @@ def __getattr__(name):
                   DeprecationWarning, stacklevel=2)
     value = globals()[name] = getattr(module, name)   # warned once
     return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -329,7 +329,7 @@ def optimize(table: TableHandle, *, target_file_bytes: int = DEFAULT_TARGET_FILE
     raise AssertionError("unreachable")
 
 
-# Defined in private modules; public under this module's name (repr, pickles).
+# Defined in other modules; public under this module's name (repr, pickles).
 for _public in (OptimizeGroup, OptimizePlan,):
     _public.__module__ = __name__
 del _public

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -32,7 +33,8 @@ class Searcher:
     """
 
     def __init__(self, table: Any) -> None:   # the Supertable it serves
-        self.table = table
+        # Weak: a handle and its caches go as soon as the handle is dropped.
+        self.table = weakref.proxy(table)
         self._lineage: Dict[tuple, Optional[np.ndarray]] = {}
         self._law_cache: tuple = (None, None)
         self._dense_memo: tuple = (None, None, None, None, None)

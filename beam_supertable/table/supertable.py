@@ -18,14 +18,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from beam_supertable._moved import old_names
 from beam_supertable.errors import (
     IcebergDisabledError, NotATableError, SchemaMismatchError, TableExistsError)
 from beam_supertable.format import deletes as dv
 from beam_supertable.format.cache import DEFAULT_CACHE_BYTES, ByteCache
-from beam_supertable.format.documents import retention_seconds, token_retention_of
+from beam_supertable.format.documents import (
+    DEFAULT_TOKEN_RETENTION_S, TOKEN_RETENTION, retention_seconds, token_retention_of)
 from beam_supertable.format.filters import mask, pruned
 from beam_supertable.format.keys import check_primary_key
-from beam_supertable.format.documents import DEFAULT_TOKEN_RETENTION_S, TOKEN_RETENTION
 from beam_supertable.format.manifest import (
     DEFAULT_MAX_RETRIES, CommitRequest, Manifest, Snapshot, VacuumReport)
 from beam_supertable.format.vacuum import grace_seconds
@@ -41,6 +42,8 @@ from beam_supertable.iceberg import metadata as iceberg_meta
 from beam_supertable.table import changes as change_feed
 from beam_supertable.table.dataset import LiveRows
 from beam_supertable.table.mutation import FRONTIER, Mutation
+from beam_supertable.table import search as _search
+from beam_supertable.table import writes as _writes
 from beam_supertable.table.search import Searcher
 from beam_supertable.table.writes import Writer
 from beam_supertable.vector import grid as grid_mod
@@ -93,6 +96,18 @@ class Supertable:
         self._searcher = Searcher(self)
         self._writer = Writer(self)
         self.io = IOStats()
+
+    def __copy__(self) -> "Supertable":
+        # A copy is its own handle: its searcher and writer serve it, not the original.
+        clone = object.__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        clone._searcher, clone._writer = Searcher(clone), Writer(clone)
+        return clone
+
+    def __deepcopy__(self, memo: dict) -> "Supertable":
+        # The store and the manifest are shared clients, not values: a deep copy of a
+        # handle is a handle on the same version with caches of its own.
+        return type(self)(self._store, self._snapshot, cache_bytes=self._cache.capacity_bytes)
 
     # -- opening ---------------------------------------------------------
     @classmethod
@@ -399,9 +414,9 @@ class Supertable:
             TokenReuseError: ``token`` already landed with other rows.
             CommitFailedError: the commit did not land within ``max_retries``.
         """
-        return self._writer.write(data, "append", token=token, metadata=metadata, frontier=frontier,
-                           max_retries=max_retries, n_shards=n_shards,
-                           memory_budget_bytes=memory_budget_bytes)
+        return self._writer.write(data, "append", token=token, metadata=metadata,
+                                  frontier=frontier, max_retries=max_retries, n_shards=n_shards,
+                                  memory_budget_bytes=memory_budget_bytes)
 
     def upsert(self, data: Data, *, token: Optional[str] = None,
                metadata: Optional[Dict[str, Any]] = None, frontier: Optional[int] = None,
@@ -438,9 +453,9 @@ class Supertable:
             raise SchemaMismatchError(
                 f"{self.uri}: upsert needs a keyed table; this one has no primary key "
                 f"(create it with primary_key=...), use append")
-        return self._writer.write(data, "upsert", token=token, metadata=metadata, frontier=frontier,
-                           max_retries=max_retries, n_shards=n_shards,
-                           memory_budget_bytes=memory_budget_bytes)
+        return self._writer.write(data, "upsert", token=token, metadata=metadata,
+                                  frontier=frontier, max_retries=max_retries, n_shards=n_shards,
+                                  memory_budget_bytes=memory_budget_bytes)
 
     def delete(self, filter: pc.Expression, *, token: Optional[str] = None,  # noqa: A002
                metadata: Optional[Dict[str, Any]] = None, frontier: Optional[int] = None,
@@ -869,3 +884,7 @@ class Supertable:
         """
         table = self if version is None or version == self.version else self.checkout(version)
         return LiveRows(table)
+
+
+# Names this module re-exported before the package's folders.
+__getattr__ = old_names(__name__, (_search, _writes))

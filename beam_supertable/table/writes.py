@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
@@ -28,7 +29,8 @@ class Writer:
     loop tries. The handle's ``commit`` is the one place it moves the handle."""
 
     def __init__(self, table: Any) -> None:   # the Supertable it serves
-        self.table = table
+        # Weak: a handle and its caches go as soon as the handle is dropped.
+        self.table = weakref.proxy(table)
         self._written: Optional[tuple] = None   # (entry ids, rows) of the commit under way
 
     def write(self, data: Data, operation: str, *, token, metadata, frontier, max_retries,
@@ -59,11 +61,12 @@ class Writer:
             # first looks for the token: a retried append that already
             # landed finds its own keys live.)
             mutation.request(self.table._snapshot)
-        entries, stamp = self.write_superfiles(table, n_shards=n_shards, conformed=True)
+        # Through the table: a subclass's write_superfiles and commit_superfiles apply.
+        entries, stamp = self.table.write_superfiles(table, n_shards=n_shards, conformed=True)
         # The probe law of this commit samples these rows, not read back.
         self._written = (frozenset(e["id"] for e in entries), table)
-        return self.commit_superfiles(entries, mutation, grids=stamp.values(),
-                                      max_retries=max_retries)
+        return self.table.commit_superfiles(entries, mutation, grids=stamp.values(),
+                                            max_retries=max_retries)
 
     def frontier_arg(self, frontier, token: Optional[str]) -> Optional[int]:
         """``frontier`` checked for type and, before anything is written, against

@@ -39,9 +39,12 @@ import pyarrow as pa
 from apache_beam.transforms import trigger, window
 from apache_beam.transforms.display import DisplayDataItem
 
+from beam_supertable._moved import old_names
 from beam_supertable.errors import NotATableError
 from beam_supertable.table.supertable import Supertable
 from beam_supertable.transforms.maintenance_stage import _Maintain, check_maintenance
+from beam_supertable.transforms import write_checks as _checks
+from beam_supertable.transforms import write_stages as _stages
 from beam_supertable.transforms.write_checks import (
     Metric, OnInvalid, _check_arguments, _check_existing)
 from beam_supertable.transforms.write_stages import (
@@ -271,7 +274,11 @@ class WriteToSupertable(beam.PTransform):
         }
 
 
-# Defined in private modules; public under this module's name (repr, pickles).
+# Defined in other modules; public under this module's name (repr, pickles).
 for _public in (CommitResult, WriteResult,):
     _public.__module__ = __name__
 del _public
+
+
+# Names this module re-exported before the package's folders.
+__getattr__ = old_names(__name__, (_checks, _stages))

@@ -88,3 +88,42 @@ def test_an_unknown_name_of_a_package_is_still_an_attribute_error():
     for package in (beam_supertable.table, beam_supertable.iceberg, beam_supertable.transforms):
         with pytest.raises(AttributeError, match="no_such_name"):
             package.no_such_name
+
+
+def test_old_paths_are_attributes_of_the_package_and_old_names_still_import():
+    out = _fresh("""
+        import json, warnings
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import beam_supertable as b
+            manifest = b.manifest.Manifest.__module__
+            from beam_supertable.manifest import TOKEN_INDEX, grace_seconds
+            from beam_supertable.write import METRICS, FLOOR_REFRESH_S
+            from beam_supertable.table import *
+            from beam_supertable.iceberg import *
+            here = set(globals())
+            names = sorted(n for n in ("Supertable", "CREATE_MODES", "METADATA") if n in here)
+        print(json.dumps([manifest, names, len([w for w in caught
+                          if issubclass(w.category, DeprecationWarning)])]))
+    """)
+    assert out[0] == "beam_supertable.format.manifest"
+    assert out[1] == ["CREATE_MODES", "METADATA", "Supertable"]
+    assert out[2] >= 8   # each old path and each old name warned
+
+
+def test_old_paths_imported_from_many_threads_keep_their_own_specs():
+    out = _fresh(f"""
+        import importlib, json, sys, threading
+        import beam_supertable   # loaded: the threads race on the old paths alone
+        old = {sorted(MOVED)!r}
+        barrier = threading.Barrier(len(old))
+        def go(name):
+            barrier.wait()
+            importlib.import_module(name)
+        threads = [threading.Thread(target=go, args=(n,)) for n in old]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        print(json.dumps([sys.modules[n].__spec__.name == sys.modules[n].__name__
+                          for n in old]))
+    """)
+    assert all(out)

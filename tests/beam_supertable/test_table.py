@@ -245,3 +245,54 @@ def test_append_without_the_vector_column_names_it(tmp_path):
     with pytest.raises(SchemaMismatchError, match="vector column 'emb' is missing"):
         t.append(pa.table({"id": [1], "name": ["x"]}))
     assert Supertable.open(str(tmp_path / "t")).version == 0
+
+
+def test_a_copied_handle_reads_searches_and_writes_as_itself(tmp_path):
+    import copy
+
+    uri = str(tmp_path / "copied")
+    t = Supertable.create(uri, pa.schema([("b", pa.string())]), fts_columns=["b"])
+    t.append(pa.table({"b": ["cat"]}))
+    first = t.checkout(1)
+    clone = copy.copy(first)
+    t.append(pa.table({"b": ["cat cat"]}))
+    clone.refresh()
+    assert (clone.version, clone.to_arrow().num_rows,
+            clone.search(text="cat", k=10).num_rows) == (2, 2, 2)
+    clone.append(pa.table({"b": ["dog"]}))
+    assert (clone.version, first.version) == (3, 1)
+    deep = copy.deepcopy(clone)
+    assert deep.version == 3 and deep.search(text="dog", k=1).num_rows == 1
+
+
+def test_a_dropped_handle_frees_its_caches_at_once(tmp_path):
+    import weakref
+
+    uri = str(tmp_path / "dropped")
+    t = Supertable.create(uri, pa.schema([("b", pa.string())]), fts_columns=["b"])
+    t.append(pa.table({"b": ["cat"]}))
+    handle = Supertable.open(uri)
+    handle.search(text="cat", k=1)
+    ref = weakref.ref(handle)
+    del handle
+    assert ref() is None, "a handle must not sit in a reference cycle with its caches"
+
+
+def test_append_and_upsert_go_through_the_public_write_steps(tmp_path):
+    calls = []
+
+    class Traced(Supertable):
+        def write_superfiles(self, *args, **kwargs):
+            calls.append("write")
+            return super().write_superfiles(*args, **kwargs)
+
+        def commit_superfiles(self, *args, **kwargs):
+            calls.append("commit")
+            return super().commit_superfiles(*args, **kwargs)
+
+    uri = str(tmp_path / "traced")
+    Supertable.create(uri, pa.schema([("id", pa.int64())]), primary_key="id")
+    table = Traced.open(uri)
+    table.append(pa.table({"id": [1]}))
+    table.upsert(pa.table({"id": [1]}))
+    assert calls == ["write", "commit", "write", "commit"]
