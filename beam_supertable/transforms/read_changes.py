@@ -154,6 +154,8 @@ class _TailChanges(beam.DoFn):
         if doc is None:
             time.sleep(self._poll)
             doc = manifest._try_version(version)
+        if doc is None:
+            self._check_not_vacuumed(manifest, version)
         idle = doc is None
         for _ in range(VERSIONS_PER_FIRING):
             if doc is None or (self._end is not None and version > self._end):
@@ -170,6 +172,19 @@ class _TailChanges(beam.DoFn):
         now = Timestamp(micros=int(time.time() * 1_000_000))
         at = max(floor + Duration(micros=1), now if idle else floor)
         tick.set(at, dynamic_timer_tag=str(int(tag) + 1))
+
+    def _check_not_vacuumed(self, manifest, version: int) -> None:
+        """Raises when ``version`` is missing because vacuum removed it, not because it
+        is not committed yet: versions are created in order, so a later one tells."""
+        if manifest.latest_version() < version or manifest._try_version(version) is not None:
+            return
+        listed = manifest._listed_versions()
+        oldest = listed[0] if listed else None
+        raise VersionNotFoundError(
+            f"{self._table.uri}: read changes: version {version}, the next this reader needs, "
+            f"was removed by vacuum; the oldest version still readable is {oldest}. Resume "
+            f"from a snapshot: read version {oldest} (ReadFromSupertable(..., "
+            f"version={oldest})) and tail its changes with start_version={oldest}")
 
     def _emit(self, after, stamp):
         before = self._before

@@ -255,3 +255,52 @@ def test_a_bounded_read_before_an_overwrite_keeps_the_range_schema(tmp_path):
         ReadChangesFromSupertable(uri, start_version=0, poll_interval=float("inf"))
     with pytest.raises(Exception, match="does not apply to the table's columns"):
         ReadChangesFromSupertable(uri, start_version=0, filter=pc.field("zz") > 1)
+
+
+_FIRST_CHANGE = threading.Event()
+
+
+def _signal_first(change):
+    _FIRST_CHANGE.set()
+    return change
+
+
+def test_a_tailing_reader_behind_a_vacuum_fails_naming_the_version_it_needs(tmp_path):
+    # The reader emits version s + 1, then waits for s + 2; meanwhile the writer commits
+    # five versions and vacuums all but the latest. The reader must fail, not poll for
+    # ever for a version that will never appear.
+    t = _keyed(tmp_path)
+    start = t.version
+    t.upsert(pa.table({"id": [0], "label": ["first"]}))
+    _FIRST_CHANGE.clear()
+
+    def writer():
+        assert _FIRST_CHANGE.wait(120)
+        for i in range(5):
+            t.upsert(pa.table({"id": [i % 2], "label": [str(i)]}))
+        t.vacuum(retain_versions=1, older_than=0)
+
+    outcome = {}
+
+    def run():
+        p = TestPipeline(options=PipelineOptions(["--streaming"]))
+        _ = (p | ReadChangesFromSupertable(t.uri, start_version=start, end_version=start + 6,
+                                           poll_interval=2.0)
+             | beam.Map(_signal_first))
+        try:
+            p.run().wait_until_finish()
+            outcome["result"] = "finished"
+        except Exception as exc:  # noqa: BLE001 - the test reads what the pipeline raised
+            outcome["result"] = str(exc)
+
+    thread, pipeline = threading.Thread(target=writer), threading.Thread(target=run, daemon=True)
+    started = time.monotonic()
+    thread.start()
+    pipeline.start()
+    pipeline.join(180)
+    thread.join(30)
+    assert not pipeline.is_alive(), "the reader stalled on a vacuumed version"
+    message = outcome["result"]
+    assert f"version {start + 2}, the next this reader needs, was removed by vacuum" in message
+    assert f"the oldest version still readable is {start + 6}" in message
+    assert time.monotonic() - started < 120
