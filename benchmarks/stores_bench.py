@@ -16,12 +16,14 @@ interleaved commit by commit. For each:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import pathlib
 import platform
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
 
@@ -33,7 +35,7 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 from beam_supertable import Supertable  # noqa: E402
 from beam_supertable.format import store as store_mod  # noqa: E402
 from beam_supertable.format.store import ObjectStore  # noqa: E402
-from benchmarks.search_bench import _Counting  # noqa: E402
+from beam_supertable.vector.index import VectorIndex  # noqa: E402
 from tests import store_servers  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -75,6 +77,60 @@ def start_backends(folder: pathlib.Path) -> dict:
             f"gs://{store_servers.gcs_bucket(s['fake-gcs-server'])}",
             store_servers.gcs_options(s["fake-gcs-server"]))),
     }
+
+
+class Requests:
+    """Every store request of a block (nested calls once), with when it ran: the count,
+    and the sequential round trips (requests in flight together count once)."""
+
+    CALLS = ("get", "get_range", "exists", "head", "list")
+
+    def __init__(self):
+        self._saved, self._local = {}, threading.local()
+        self._lock = threading.Lock()
+        self.spans, self.bytes = [], 0
+
+    def __enter__(self):
+        for name in self.CALLS:
+            self._saved[name] = getattr(ObjectStore, name)
+            setattr(ObjectStore, name, self._wrap(self._saved[name]))
+        return self
+
+    def __exit__(self, *exc):
+        for name, fn in self._saved.items():
+            setattr(ObjectStore, name, fn)
+
+    def _wrap(self, fn):
+        def timed(store, *args, **kwargs):
+            if getattr(self._local, "inside", False):
+                return fn(store, *args, **kwargs)
+            self._local.inside = True
+            t0 = time.perf_counter()
+            try:
+                out = fn(store, *args, **kwargs)
+            finally:
+                self._local.inside = False
+            with self._lock:
+                self.spans.append((t0, time.perf_counter()))
+                if isinstance(out, (bytes, bytearray)):
+                    self.bytes += len(out)
+            return out
+        return timed
+
+    @property
+    def count(self) -> int:
+        return len(self.spans)
+
+    @property
+    def sequential(self) -> int:
+        waves, end = 0, -1.0
+        for start, stop in sorted(self.spans):
+            if start >= end:
+                waves += 1
+                end = stop
+            else:
+                end = max(end, stop)
+        return waves
 
 
 def pct(values, q):
@@ -132,8 +188,8 @@ def bench_cold(backends, rows: int) -> None:
                      "emb": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), 32)})
     print(f"\n## Cold first query ({rows:,} rows x 32-d, vector and text indexes; a fresh "
           "handle: open + one query, median of 5)")
-    print("| backend | query | store calls (round trips) | bytes | time |")
-    print("|---|---|---|---|---|")
+    print("| backend | query | reads | requests | sequential round trips | bytes | time |")
+    print("|---|---|---|---|---|---|---|")
     for name, (_, location) in backends.items():
         prefix, options = location()
         uri = f"{prefix}/cold"
@@ -142,16 +198,36 @@ def bench_cold(backends, rows: int) -> None:
         table.append(data)
         for label, query in (("vector, top 10", {"vector": x[3]}),
                              ("text, top 10", {"text": "river ember"})):
-            samples = []
-            for _ in range(5):
-                with _Counting() as counter:
-                    t0 = time.perf_counter()
-                    cold = Supertable.open(uri, storage_options=options)
-                    cold.search(k=10, columns=["n"], **query)
-                    elapsed = time.perf_counter() - t0
-                samples.append((elapsed, sum(counter.calls.values()), counter.bytes))
-            elapsed, calls, nbytes = sorted(samples)[2]
-            print(f"| {name} | {label} | {calls} | {nbytes:,} | {elapsed * 1e3:.0f} ms |")
+            for reads in ("before", "after"):   # interleaved, per query
+                with _reads_as(reads):
+                    samples = []
+                    for _ in range(5):
+                        with Requests() as requests:
+                            t0 = time.perf_counter()
+                            cold = Supertable.open(uri, storage_options=options)
+                            cold.search(k=10, columns=["n"], **query)
+                            elapsed = time.perf_counter() - t0
+                        samples.append((elapsed, requests.count, requests.sequential,
+                                        requests.bytes))
+                elapsed, count, sequential, nbytes = sorted(samples)[2]
+                print(f"| {name} | {label} | {reads} | {count} | {sequential} | {nbytes:,} | "
+                      f"{elapsed * 1e3:.0f} ms |", flush=True)
+
+
+@contextlib.contextmanager
+def _reads_as(reads: str):
+    """``before``: each run's codes and each row group read alone, one after another (the
+    read path before near runs shared a read and remote reads went out together)."""
+    if reads == "after":
+        yield
+        return
+    saved_codes, saved_remote = VectorIndex.load_codes, ObjectStore.remote
+    VectorIndex.load_codes = lambda self, spans: None
+    ObjectStore.remote = property(lambda self: False)
+    try:
+        yield
+    finally:
+        VectorIndex.load_codes, ObjectStore.remote = saved_codes, saved_remote
 
 
 def main(argv=None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import io
 import threading
 from typing import Dict, List, Optional, Sequence
@@ -15,6 +16,8 @@ from beam_supertable.format.store import ObjectStore
 from beam_supertable.format.superfile import INDEX_KEY, read_header
 from beam_supertable.fts.index import TextIndex
 from beam_supertable.vector.index import VectorIndex
+
+GROUP_READERS = 8   # row groups of one superfile read at once
 
 
 class IOStats:
@@ -96,6 +99,28 @@ class SuperfileReader:
             self._rg_starts[i + 1] = self._rg_starts[i] + self.metadata.row_group(i).num_rows
         self._vector_index = None
         self._schema = None
+        self._threads = threading.local()
+        # Reads go out together only where each is a round trip: threads cost more than
+        # a local read (and a warm handle's single query starts none).
+        self.parallel = store.remote
+
+    def _own_file(self) -> pq.ParquetFile:
+        """This thread's file over the superfile (the footer parsed once, shared): reads
+        of different row groups go out together, each on a file of its own."""
+        found = getattr(self._threads, "file", None)
+        if found is None:
+            found = self._threads.file = pq.ParquetFile(pa.PythonFile(
+                RangeFile(self._store, self._path, self.entry["bytes"], self._stats), mode="r"),
+                metadata=self.metadata, pre_buffer=False)
+        return found
+
+    def _read_groups(self, groups: Sequence[int], columns: Sequence[str]) -> List[pa.Table]:
+        """Row groups read in parallel (a cold read: one round trip, not one per group)."""
+        if len(groups) < 2 or not self.parallel:
+            return [self._file.read_row_group(g, columns=list(columns)) for g in groups]
+        with concurrent.futures.ThreadPoolExecutor(min(GROUP_READERS, len(groups))) as pool:
+            return list(pool.map(
+                lambda g: self._own_file().read_row_group(g, columns=list(columns)), groups))
 
     @property
     def arrow_schema(self) -> pa.Schema:
@@ -258,12 +283,15 @@ class SuperfileReader:
                     missing.setdefault(g, []).append(c)
                 else:
                     found[(c, g)] = hit
+        by_columns: Dict[tuple, List[int]] = {}
         for g, names in missing.items():
-            read = self._file.read_row_group(g, columns=names)
-            for c in names:
-                col = read.column(c).combine_chunks()
-                found[(c, g)] = self._cache.put(self.cache_key("column", c, g), col,
-                                                max(col.nbytes, 64))
+            by_columns.setdefault(tuple(names), []).append(g)
+        for names, wanted in by_columns.items():
+            for g, read in zip(wanted, self._read_groups(wanted, names)):
+                for c in names:
+                    col = read.column(c).combine_chunks()
+                    found[(c, g)] = self._cache.put(self.cache_key("column", c, g), col,
+                                                    max(col.nbytes, 64))
         # Positions of the rows inside the concatenated row groups.
         offsets = np.zeros(len(groups) + 1, dtype=np.int64)
         for i, g in enumerate(groups):
@@ -286,7 +314,9 @@ class SuperfileReader:
                 schema = pa.schema([schema.field(c) for c in columns])
             return _without_index_key(schema.empty_table())
         groups = self.row_groups_of(rows)
-        table = self._file.read_row_groups(groups.tolist(), columns=list(columns) if columns else None)
+        # This thread's file: spans of one superfile may be taken from several threads.
+        table = self._own_file().read_row_groups(groups.tolist(),
+                                                 columns=list(columns) if columns else None)
         # Map superfile rows to positions inside the concatenated row groups.
         offsets = np.zeros(len(groups) + 1, dtype=np.int64)
         for i, g in enumerate(groups):

@@ -209,6 +209,11 @@ class ObjectStore:
         return (_rebuild, (self.uri, self.storage_options, self.single_writer))
 
     @property
+    def remote(self) -> bool:
+        """Whether a request is a network round trip (worth issuing several at once)."""
+        return not (self._local or self._memory)
+
+    @property
     def atomic(self) -> bool:
         return self.protocol in ("file", "local", "memory") or self.protocol in REMOTE_ATOMIC
 

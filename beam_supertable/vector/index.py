@@ -34,6 +34,7 @@ class SectionReader(Protocol):
     header: Dict[str, Any]
     metadata: Any          # the Parquet footer (``pyarrow.parquet.FileMetaData``)
     cache: Any             # the handle's ``ByteCache``
+    parallel: bool         # several reads at once pay (each is a network round trip)
 
     def cache_key(self, name: str) -> Hashable: ...
 
@@ -229,8 +230,8 @@ class VectorIndex:
             return self.reader.section_range("vector.sq8", group[0] * self.dim,
                                              group[1] * self.dim)
 
-        if len(groups) == 1:
-            datas = [read(groups[0])]
+        if len(groups) == 1 or not self.reader.parallel:
+            datas = [read(group) for group in groups]
         else:
             with concurrent.futures.ThreadPoolExecutor(min(CODE_READERS, len(groups))) as pool:
                 datas = list(pool.map(read, groups))
@@ -310,9 +311,19 @@ class VectorIndex:
             if not len(need):
                 return exact[rows]
             groups = np.unique(np.searchsorted(self._rg_starts, self._starts[need], side="right") - 1)
-            for span in np.split(groups, np.flatnonzero(np.diff(groups) != 1) + 1):
-                a, b = int(self._rg_starts[span[0]]), int(self._rg_starts[span[-1] + 1])
-                table = self.reader.take(np.arange(a, b), columns=[self.column])
+            spans = [(int(self._rg_starts[s[0]]), int(self._rg_starts[s[-1] + 1]))
+                     for s in np.split(groups, np.flatnonzero(np.diff(groups) != 1) + 1)]
+
+            def take(span: Tuple[int, int]):
+                return self.reader.take(np.arange(*span), columns=[self.column])
+
+            if len(spans) > 1 and self.reader.parallel:
+                # A cold read from a remote store: the spans go out together.
+                with concurrent.futures.ThreadPoolExecutor(min(CODE_READERS, len(spans))) as pool:
+                    tables = list(pool.map(take, spans))
+            else:
+                tables = [take(span) for span in spans]
+            for (a, b), table in zip(spans, tables):
                 x = prepare(vectors_of(table, self.column, self.dim), metric)
                 exact[a:b] = x
                 self._put_scoring(score, a, b, x)

@@ -222,3 +222,29 @@ def test_every_backend_reports_when_an_object_was_written(store_location, fresh_
     store.put("b", b"2")
     assert store.head("a").mtime is not None
     assert all(info.mtime is not None for info in store.list(""))
+
+
+def test_a_cold_search_on_every_backend_finds_what_it_finds_on_local_disk(
+        remote_location, tmp_path):
+    # A remote store's cold reads go out together (codes of near runs in one read, row
+    # groups in parallel); the answer is the one the sequential local reads give.
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4000, 16)).astype(np.float32)
+    words = ["river", "stone", "cloud", "ember", "frost", "alpha"]
+    data = pa.table({"n": np.arange(len(x)),
+                     "body": [" ".join(rng.choice(words, 4)) for _ in range(len(x))],
+                     "emb": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), 16)})
+    results = []
+    for uri, options in (remote_location, (str(tmp_path / "local"), None)):
+        table = Supertable.create(uri, data.schema, vector_column="emb", fts_columns=["body"],
+                                  n_cells=32, storage_options=options)
+        table.append(data)
+        cold = Supertable.open(uri, storage_options=options)
+        found = cold.search(vector=x[:5], k=10, columns=["n"], nprobe=8)
+        text = Supertable.open(uri, storage_options=options).search(text="ember frost", k=10,
+                                                                    columns=["n"])
+        results.append((found.column("n").to_pylist(), found.column("_query").to_pylist(),
+                        text.column("n").to_pylist()))
+    assert results[0] == results[1]
