@@ -45,7 +45,8 @@ SCHEMA = pa.schema([("seq", pa.int64()), ("body", pa.string())])
 def _moto(folder: pathlib.Path) -> store_servers.Server:
     port = store_servers.free_port()
     return store_servers.Server("moto", [sys.executable, "-m", "tests.s3_server", "127.0.0.1",
-                                         str(port)], port, folder)
+                                         str(port)], port, folder,
+                                env={"PYTHONPATH": str(ROOT)})
 
 
 def _moto_location(server) -> tuple:
