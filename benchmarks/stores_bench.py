@@ -124,14 +124,14 @@ class Requests:
 
     @property
     def sequential(self) -> int:
-        waves, end = 0, -1.0
+        rounds, end = 0, -1.0
         for start, stop in sorted(self.spans):
             if start >= end:
-                waves += 1
+                rounds += 1
                 end = stop
             else:
                 end = max(end, stop)
-        return waves
+        return rounds
 
 
 def pct(values, q):
