@@ -84,19 +84,21 @@ def refusal(exc: BaseException) -> Optional[str]:
     of the key was in flight (AWS ``409 ConditionalRequestConflict``): retry.
     None: anything else.
     """
-    seen = 0
+    chain, seen = [], 0
     while exc is not None and seen < 8:
+        chain.append(exc)
         seen += 1
-        if isinstance(exc, FileExistsError):
-            return "exists"
-        code, status = _answer(exc)
+        exc = exc.__cause__ or exc.__context__
+    for link in chain:   # what the store answered decides, where it is known
+        code, status = _answer(link)
         if code == "ConditionalRequestConflict":
             return "conflict"
         if status == 412 or code in ("PreconditionFailed", "BlobAlreadyExists",
                                      "ConditionNotMet"):
             return "exists"
-        exc = exc.__cause__ or exc.__context__
-    return None
+        if code is not None or status is not None:
+            return None   # another answer (an Azure 409 lease or container conflict, say)
+    return "exists" if any(isinstance(link, FileExistsError) for link in chain) else None
 
 
 def _answer(exc: BaseException) -> Tuple[Optional[str], Optional[int]]:
@@ -109,6 +111,7 @@ def _answer(exc: BaseException) -> Tuple[Optional[str], Optional[int]]:
     status = getattr(exc, "status_code", None)   # azure.core HttpResponseError
     if isinstance(status, int):
         code = getattr(exc, "error_code", None)
+        code = getattr(code, "value", code)   # a StorageErrorCode member, or its string
         return (str(code) if code is not None else None), status
     status = getattr(exc, "code", None)   # gcsfs HttpError
     if isinstance(status, int) and not isinstance(status, bool):

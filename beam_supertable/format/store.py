@@ -71,6 +71,7 @@ _MEMORY_LOCK = threading.Lock()
 PROBE_FOLDER = "_supertable/probe"   # the probe's objects, removed as soon as it is done
 _PROBED: Dict[Tuple[str, ...], bool] = {}
 _PROBE_LOCK = threading.Lock()
+_PROBE_LOCKS: Dict[Tuple[str, ...], threading.Lock] = {}
 _T = TypeVar("_T")
 
 REQUEST_ATTEMPTS = 4         # per store operation, on top of the client library's retries
@@ -102,6 +103,11 @@ def _transient_types() -> Tuple[type, ...]:
     try:  # a response whose checksum does not match its body: damaged in transit
         from botocore.exceptions import FlexibleChecksumError
         found.append(FlexibleChecksumError)
+    except ImportError:
+        pass
+    try:  # azure-core: a connection refused, reset or timed out, either way
+        from azure.core.exceptions import ServiceRequestError, ServiceResponseError
+        found += [ServiceRequestError, ServiceResponseError]
     except ImportError:
         pass
     try:
@@ -232,12 +238,13 @@ class ObjectStore:
         """What the probe's answer holds for: the backend, its endpoint and the bucket."""
         opts = self.storage_options
         client = opts.get("client_kwargs") or {}
+        parts = dict(p.split("=", 1) for p in str(opts.get("connection_string") or "").split(";")
+                     if "=" in p)
+        # The address requests go to (a gateway's, an emulator's), before any account name.
         where = (client.get("endpoint_url") or opts.get("endpoint_url") or
-                 opts.get("account_url") or opts.get("account_name") or "")
-        if not where and opts.get("connection_string"):
-            # The blob endpoint (an emulator's) or the account named in the string.
-            parts = dict(p.split("=", 1) for p in opts["connection_string"].split(";") if "=" in p)
-            where = parts.get("BlobEndpoint") or parts.get("AccountName") or ""
+                 opts.get("account_url") or opts.get("account_host") or
+                 parts.get("BlobEndpoint") or opts.get("account_name") or
+                 parts.get("AccountName") or "")
         bucket = self.root.split("/", 1)[0]
         return (self.protocol, str(where), bucket)
 
@@ -246,7 +253,9 @@ class ObjectStore:
         key = self.endpoint()
         if _PROBED.get(key):
             return
-        with _PROBE_LOCK:
+        with _PROBE_LOCK:   # one lock per endpoint: a slow store holds up no other
+            lock = _PROBE_LOCKS.setdefault(key, threading.Lock())
+        with lock:
             if not _PROBED.get(key):
                 self.probe()
                 _PROBED[key] = True
@@ -271,7 +280,9 @@ class ObjectStore:
         finally:
             try:
                 self._request("delete", path, lambda: self.fs.rm_file(full))
-            except (FileNotFoundError, StoreIOError) as exc:   # vacuum reclaims it
+            except (OSError, StoreIOError) as exc:
+                # A writer allowed to create but not delete (write-once policies,
+                # retention): the probe object stays, and vacuum reclaims it.
                 _LOG.info("%s: probe object %r not removed (%s)", self.uri, path, exc)
         if accepted:
             raise UnsafeBackendError(

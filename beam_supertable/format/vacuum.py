@@ -335,7 +335,9 @@ class Vacuum:
             # Every time, not only when this vacuum removed versions: a view written
             # while an earlier vacuum ran may still name versions that one removed.
             latest = self.load()
-            oldest = min(plan.retained_versions, default=latest.version)
+            kept = set(plan.retained_versions)
+            # and the versions committed since the plan was made
+            kept.update(range(max(kept, default=latest.version) + 1, latest.version + 1))
             for view in self.views:
-                view.after_vacuum(latest, [v for v in range(oldest, latest.version + 1)])
+                view.after_vacuum(latest, sorted(kept))
         return plan.report()

@@ -204,7 +204,8 @@ class IcebergMetadata:
         version = snapshot.version
         found = self._table_json(version)
         if found is None:
-            return self.write(snapshot)
+            # On demand, maybe for an earlier version: the hint never goes back.
+            return self.write(snapshot, hint=self._hint_at_most(version))
         if found.get("format-version") != 2 \
                 or found.get("current-snapshot-id") != (version or None) \
                 or found.get("properties", {}).get("beam_supertable.version") != str(version):
@@ -293,7 +294,7 @@ class IcebergMetadata:
         except AlreadyExists:
             return self.store.head(path).size
 
-    def write(self, snapshot: Snapshot, *, reuse: bool = True) -> str:
+    def write(self, snapshot: Snapshot, *, reuse: bool = True, hint: bool = True) -> str:
         """Writes the metadata of ``snapshot``'s version; returns its path.
 
         Idempotent: what exists already is kept (and its sizes used). The
@@ -303,6 +304,8 @@ class IcebergMetadata:
         Args:
             reuse: take the previous version's manifests as they are listed;
                 False rebuilds (and rewrites, where missing) every one.
+            hint: point ``version-hint.text`` at this version (not for an earlier
+                version written on demand: the hint would go back).
         """
         version = snapshot.version
         location = table_location(self.store)
@@ -337,7 +340,8 @@ class IcebergMetadata:
             self._remember(self._tables, version, table)
         except AlreadyExists:
             self._tables.pop(version, None)
-        self._write_hint(version)
+        if hint:
+            self._write_hint(version)
         return path
 
     def _fill_gap(self, version: int) -> None:
@@ -355,7 +359,7 @@ class IcebergMetadata:
             missing.append(snapshot)
             earlier -= 1
         for snapshot in reversed(missing):
-            self.write(snapshot)
+            self.write(snapshot, hint=False)
 
     def repair(self, snapshot: Snapshot) -> str:
         """Checks every object the metadata of ``snapshot``'s version needs, and when one
@@ -415,6 +419,13 @@ class IcebergMetadata:
         self.store.put(metadata_path(latest.version),
                        json.dumps(pruned, separators=(",", ":")).encode(), durable=False)
         self._remember(self._tables, latest.version, pruned)
+
+    def _hint_at_most(self, version: int) -> bool:
+        """Whether ``version-hint.text`` names ``version`` or an earlier one (or none)."""
+        try:
+            return int(self.store.get(VERSION_HINT).decode().strip()) <= version
+        except (FileNotFoundError, ValueError, UnicodeDecodeError):
+            return True
 
     def _write_hint(self, version: int) -> None:
         try:

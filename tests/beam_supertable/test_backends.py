@@ -248,3 +248,49 @@ def test_a_cold_search_on_every_backend_finds_what_it_finds_on_local_disk(
         results.append((found.column("n").to_pylist(), found.column("_query").to_pylist(),
                         text.column("n").to_pylist()))
     assert results[0] == results[1]
+
+
+def test_refusal_reads_an_azure_conflict_by_its_code():
+    class AzureAnswer(Exception):
+        def __init__(self, code):
+            super().__init__(code)
+            self.status_code, self.error_code = 409, code
+
+    for code, answer in (("BlobAlreadyExists", "exists"), ("LeaseAlreadyPresent", None),
+                         ("ContainerBeingDeleted", None)):
+        translated = FileExistsError("k")      # adlfs makes every 409 this
+        translated.__context__ = AzureAnswer(code)
+        assert refusal(translated) == answer, code
+
+
+def test_the_probe_is_kept_per_address_not_per_account_name():
+    def azure(endpoint):
+        return ObjectStore("az://container/t", {
+            "account_name": "acct", "connection_string":
+            f"DefaultEndpointsProtocol=http;AccountName=acct;AccountKey=a2V5;"
+            f"BlobEndpoint={endpoint}/acct;"})
+
+    direct, gateway = azure("http://127.0.0.1:1"), azure("http://127.0.0.1:2")
+    assert direct.endpoint() != gateway.endpoint()
+
+
+def test_vacuum_keeping_a_version_leaves_iceberg_readers_only_what_it_kept(tmp_path):
+    uri = str(tmp_path / "kept")
+    table = Supertable.create(uri, SCHEMA)
+    for i in range(8):
+        table.append(pa.table({"id": [i], "label": ["x"]}))
+    table.vacuum(older_than=0, retain_versions=1, keep_versions=[2])
+    static = pytest.importorskip("pyiceberg.table").StaticTable
+    latest = static.from_metadata(Supertable.open(uri).iceberg_metadata_location())
+    assert [s.snapshot_id for s in latest.metadata.snapshots] == [2, 8]
+
+
+def test_writing_an_earlier_version_on_demand_never_moves_the_hint_back(tmp_path):
+    uri = str(tmp_path / "hinted")
+    table = Supertable.create(uri, SCHEMA)
+    for i in range(3):
+        table.append(pa.table({"id": [i], "label": ["x"]}))
+    store = ObjectStore(uri)
+    store.delete("metadata/v1.metadata.json")
+    table.iceberg_metadata_location(1)
+    assert store.get("metadata/version-hint.text").decode().strip() == "3"
