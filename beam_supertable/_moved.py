@@ -62,16 +62,21 @@ def install() -> None:
         sys.meta_path.append(_Alias())
 
 
-def old_names(module: str, homes: Sequence[Any]) -> Callable[[str], Any]:
-    """A module ``__getattr__`` serving the names ``module`` re-exported before the
-    package's folders from the modules that define them (``homes``), with a warning
-    naming where they live, until 0.4."""
+def old_names(module: str, homes: Sequence[str]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` serving the names ``module`` held before the package's
+    folders from the modules that define them now (``homes``, imported on first use),
+    with a warning naming where they live (once: the name is kept in ``module``), until
+    0.4."""
     def __getattr__(name: str) -> Any:
-        for home in homes:
-            if not name.startswith("__") and hasattr(home, name):
-                warnings.warn(f"{module}.{name} is defined in another module; import it from "
-                              f"{home.__name__} (the old name goes in 0.4)",
-                              DeprecationWarning, stacklevel=2)
-                return getattr(home, name)
+        if not name.startswith("__"):
+            for home in homes:
+                found = importlib.import_module(home)
+                if hasattr(found, name):
+                    warnings.warn(f"{module}.{name} moved to {home}; import it from there "
+                                  f"(the old name goes in 0.4)", DeprecationWarning,
+                                  stacklevel=2)
+                    value = getattr(found, name)
+                    setattr(sys.modules[module], name, value)
+                    return value
         raise AttributeError(f"module {module!r} has no attribute {name!r}")
     return __getattr__

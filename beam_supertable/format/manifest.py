@@ -595,4 +595,4 @@ del _public
 
 
 # Names this module re-exported before the package's folders.
-__getattr__ = old_names(__name__, (_documents, _tokens, _vacuum))
+__getattr__ = old_names(__name__, (_documents.__name__, _tokens.__name__, _vacuum.__name__))

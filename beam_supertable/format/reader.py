@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import io
 import threading
 from typing import Dict, List, Optional, Sequence
@@ -15,9 +14,8 @@ from beam_supertable.format.cache import ByteCache
 from beam_supertable.format.store import ObjectStore
 from beam_supertable.format.superfile import INDEX_KEY, read_header
 from beam_supertable.fts.index import TextIndex
+from beam_supertable.vector._threads import read_all
 from beam_supertable.vector.index import VectorIndex
-
-GROUP_READERS = 8   # row groups of one superfile read at once
 
 
 class IOStats:
@@ -115,12 +113,9 @@ class SuperfileReader:
         return found
 
     def _read_groups(self, groups: Sequence[int], columns: Sequence[str]) -> List[pa.Table]:
-        """Row groups read in parallel (a cold read: one round trip, not one per group)."""
-        if len(groups) < 2 or not self.parallel:
-            return [self._file.read_row_group(g, columns=list(columns)) for g in groups]
-        with concurrent.futures.ThreadPoolExecutor(min(GROUP_READERS, len(groups))) as pool:
-            return list(pool.map(
-                lambda g: self._own_file().read_row_group(g, columns=list(columns)), groups))
+        """Row groups, read together from a remote store (see ``read_all``)."""
+        return read_all(lambda g: self._own_file().read_row_group(g, columns=list(columns)),
+                        groups, self.parallel)
 
     @property
     def arrow_schema(self) -> pa.Schema:

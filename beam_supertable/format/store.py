@@ -205,6 +205,7 @@ class ObjectStore:
         self.single_writer = single_writer
         self._local = isinstance(self.fs, LocalFileSystem)
         self._memory = isinstance(self.fs, MemoryFileSystem)
+        self._endpoint_key: Optional[Tuple[str, ...]] = None   # the probe's, on first create
 
     def __repr__(self) -> str:
         # Never the storage options: they hold credentials.
@@ -250,7 +251,9 @@ class ObjectStore:
 
     def _ensure_probed(self) -> None:
         """Probes this store's endpoint once per process before its first create."""
-        key = self.endpoint()
+        key = self._endpoint_key
+        if key is None:
+            key = self._endpoint_key = self.endpoint()
         if _PROBED.get(key):
             return
         with _PROBE_LOCK:   # one lock per endpoint: a slow store holds up no other

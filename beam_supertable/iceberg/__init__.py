@@ -12,8 +12,7 @@ derived view (:mod:`beam_supertable.format.views`) of every manifest, so each
 commit writes it and vacuum keeps what it needs.
 """
 
-import warnings
-
+from beam_supertable._moved import old_names
 from beam_supertable.format.views import register_view
 from beam_supertable.iceberg import metadata as _metadata
 from beam_supertable.iceberg.metadata import (
@@ -26,15 +25,8 @@ __all__ = ["ENABLED_PROPERTY", "ENABLED_VALUE", "METADATA", "IcebergMetadata", "
 register_view(IcebergMetadata.of)
 
 
-def __getattr__(name):
-    # ``beam_supertable.iceberg`` was the metadata module before it was a package.
-    if name.startswith("__") or not hasattr(_metadata, name):
-        raise AttributeError(f"module 'beam_supertable.iceberg' has no attribute {name!r}")
-    warnings.warn(f"beam_supertable.iceberg.{name} moved to beam_supertable.iceberg.metadata; "
-                  f"the old path goes in 0.4", DeprecationWarning, stacklevel=2)
-    value = globals()[name] = getattr(_metadata, name)   # warned once
-    return value
-
+# ``beam_supertable.iceberg`` was the metadata module before it was a package.
+__getattr__ = old_names(__name__, (_metadata.__name__,))
 
 def __dir__():
     return sorted(set(globals()) | {n for n in dir(_metadata) if not n.startswith("_")})

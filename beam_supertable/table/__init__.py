@@ -13,23 +13,13 @@ It imports the storage layer (``format/``), the Iceberg face (``iceberg/``)
 and the indexes (``vector/``, ``fts/``), never apache_beam or the transforms.
 """
 
-import importlib
-import warnings
+from beam_supertable._moved import old_names
 
 # The names of the module this package replaced (``from beam_supertable.table import *``).
 __all__ = ["CREATE_MODES", "CreateMode", "Metric", "Supertable"]
 
-
-def __getattr__(name):
-    # ``beam_supertable.table`` was the module of ``Supertable`` before it was a package.
-    module = importlib.import_module("beam_supertable.table.supertable")
-    if name.startswith("__") or not hasattr(module, name):
-        raise AttributeError(f"module 'beam_supertable.table' has no attribute {name!r}")
-    warnings.warn(f"beam_supertable.table.{name} moved to beam_supertable.table.supertable "
-                  f"(Supertable: import it from beam_supertable); the old path goes in 0.4",
-                  DeprecationWarning, stacklevel=2)
-    value = globals()[name] = getattr(module, name)   # warned once
-    return value
+# ``beam_supertable.table`` was the module of ``Supertable`` before it was a package.
+__getattr__ = old_names(__name__, ("beam_supertable.table.supertable",))
 
 
 def __dir__():

@@ -887,4 +887,4 @@ class Supertable:
 
 
 # Names this module re-exported before the package's folders.
-__getattr__ = old_names(__name__, (_search, _writes))
+__getattr__ = old_names(__name__, (_search.__name__, _writes.__name__))

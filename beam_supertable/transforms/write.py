@@ -281,4 +281,4 @@ del _public
 
 
 # Names this module re-exported before the package's folders.
-__getattr__ = old_names(__name__, (_checks, _stages))
+__getattr__ = old_names(__name__, (_checks.__name__, _stages.__name__))

@@ -6,9 +6,22 @@ import contextlib
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Optional
+from typing import Callable, Iterable, List, Optional, TypeVar
 
 SEARCH_THREADS = os.cpu_count() or 2
+READS_IN_FLIGHT = 8   # reads of one superfile sent at once to a remote store
+_T, _R = TypeVar("_T"), TypeVar("_R")
+
+
+def read_all(read: Callable[[_T], _R], items: Iterable[_T], together: bool) -> List[_R]:
+    """``[read(i) for i in items]``; with ``together`` (each read a network round trip),
+    up to ``READS_IN_FLIGHT`` at once, so a cold read waits for one round trip, not one
+    per item. Local reads stay on the caller's thread (threads cost more than they do)."""
+    items = list(items)
+    if len(items) < 2 or not together:
+        return [read(item) for item in items]
+    with ThreadPoolExecutor(min(READS_IN_FLIGHT, len(items))) as pool:
+        return list(pool.map(read, items))
 
 
 _POOL: Optional[ThreadPoolExecutor] = None

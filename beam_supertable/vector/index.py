@@ -5,7 +5,6 @@ Bytes in (through :class:`SectionReader`), arrays out; no I/O of its own.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import threading
 from typing import Any, Dict, Hashable, List, Protocol, Sequence, Tuple
@@ -13,13 +12,13 @@ from typing import Any, Dict, Hashable, List, Protocol, Sequence, Tuple
 import numpy as np
 
 from beam_supertable.vector import codes
+from beam_supertable.vector._threads import read_all
 from beam_supertable.vector.metric import prepare, vectors_of
 
 # A run's state in a handle's cache (0: not loaded); FETCHED: its codes read ahead of
 # the first scoring (load_codes), which then counts as the first.
 SQ8_ONCE, EXACT, SQ8_AGAIN, SQ8_FETCHED = 1, 2, 3, 4
 CODE_GAP_BYTES = 32 * 1024      # cold runs closer than this share one ranged read
-CODE_READERS = 8                # ranged reads of one superfile's codes in flight at once
 EXACT_FIRST_RUNS = 4             # a search loading at most this many runs reads their fp32 rows
 
 
@@ -230,11 +229,7 @@ class VectorIndex:
             return self.reader.section_range("vector.sq8", group[0] * self.dim,
                                              group[1] * self.dim)
 
-        if len(groups) == 1 or not self.reader.parallel:
-            datas = [read(group) for group in groups]
-        else:
-            with concurrent.futures.ThreadPoolExecutor(min(CODE_READERS, len(groups))) as pool:
-                datas = list(pool.map(read, groups))
+        datas = read_all(read, groups, self.reader.parallel)
         with self._lock:
             score, _, state = self._room(sum(b - a for a, b in cold) * self.dim * 4).arrays()
             for (start, _, runs), data in zip(groups, datas):
@@ -317,13 +312,7 @@ class VectorIndex:
             def take(span: Tuple[int, int]):
                 return self.reader.take(np.arange(*span), columns=[self.column])
 
-            if len(spans) > 1 and self.reader.parallel:
-                # A cold read from a remote store: the spans go out together.
-                with concurrent.futures.ThreadPoolExecutor(min(CODE_READERS, len(spans))) as pool:
-                    tables = list(pool.map(take, spans))
-            else:
-                tables = [take(span) for span in spans]
-            for (a, b), table in zip(spans, tables):
+            for (a, b), table in zip(spans, read_all(take, spans, self.reader.parallel)):
                 x = prepare(vectors_of(table, self.column, self.dim), metric)
                 exact[a:b] = x
                 self._put_scoring(score, a, b, x)
