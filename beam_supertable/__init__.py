@@ -17,9 +17,10 @@ _moved.install()   # first: a thread may import an old path while this package l
 
 from beam_supertable._version import __version__
 from beam_supertable.errors import (
-    AlreadyExists, CommitConflictError, CommitFailedError, CorruptManifestError, DuplicateKeyError,
-    FrontierError, MemoryBudgetError, NotATableError, SchemaMismatchError, StoreIOError,
+    AlreadyExists, CommitConflictError, CommitFailedError, ConsumerNotFoundError,
+    CorruptManifestError, DuplicateKeyError, FrontierError, MemoryBudgetError, NotATableError, SchemaMismatchError, StoreIOError,
     SupertableError, TableExistsError, TokenReuseError, UnsafeBackendError, VersionNotFoundError)
+from beam_supertable.format.consumers import Consumer
 from beam_supertable.format.manifest import Snapshot, VacuumPlan, VacuumReport
 from beam_supertable.table.inspection import inspect_table
 from beam_supertable.table.optimize import OptimizeGroup, OptimizePlan
@@ -29,12 +30,13 @@ __all__ = [
     "__version__",
     # the table
     "Supertable", "Snapshot", "OptimizeGroup", "OptimizePlan", "VacuumPlan", "VacuumReport",
-    "inspect_table",
+    "Consumer", "inspect_table",
     # the Beam transforms
     "CommitResult", "ReadChangesFromSupertable", "ReadFromSupertable", "UpsertToSupertable", "UpsertWriteResult",
     "WriteResult", "WriteToSupertable",
     # errors
-    "AlreadyExists", "CommitConflictError", "CommitFailedError", "CorruptManifestError",
+    "AlreadyExists", "CommitConflictError", "CommitFailedError", "ConsumerNotFoundError",
+    "CorruptManifestError",
     "DuplicateKeyError", "FrontierError", "MemoryBudgetError", "NotATableError",
     "SchemaMismatchError", "StoreIOError", "SupertableError", "TableExistsError",
     "TokenReuseError", "UnsafeBackendError", "VersionNotFoundError",

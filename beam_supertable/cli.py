@@ -1,4 +1,4 @@
-"""The command line: ``python -m beam_supertable {inspect,optimize,vacuum,iceberg} --table URI``.
+"""The command line: ``python -m beam_supertable {inspect,optimize,vacuum,iceberg,consumers,drop-consumer} --table URI``.
 
 Installed, the same is the console script ``beam-supertable``::
 
@@ -9,6 +9,8 @@ Installed, the same is the console script ``beam-supertable``::
     python -m beam_supertable optimize --table /data/docs --max-rewrite-bytes 8GiB --vacuum-after
     python -m beam_supertable vacuum --table /data/docs --older-than 6h --retain-versions 10
     python -m beam_supertable iceberg sync --table /data/docs
+    python -m beam_supertable consumers --table /data/docs
+    python -m beam_supertable drop-consumer --table /data/docs --name mirror
     python -m beam_supertable iceberg register --table /data/docs \\
         --catalog sqlite:////data/catalog.db --name docs.chunks
 
@@ -221,6 +223,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="how long tokens are remembered; set on the table first "
                              "(default: the table's token_retention, 7 days unless set)")
 
+    command("consumers", "List the change feed's named consumers: each one's version, "
+                         "when it last recorded, and whether it still holds versions "
+                         "from vacuum.")
+    drop = command("drop-consumer", "Forget a named consumer of the change feed: vacuum "
+                                    "stops holding versions for it.")
+    drop.add_argument("--name", dest="name", metavar="NAME", default=None,
+                      help="the consumer to drop (required; or as the last argument)")
+    drop.add_argument("name_arg", metavar="NAME", nargs="?", default=None,
+                      help=argparse.SUPPRESS)
+
     iceberg = commands.add_parser(
         "iceberg", help="The table's Apache Iceberg metadata: sync, register.",
         description="The table's Apache Iceberg metadata: sync, register.",
@@ -282,14 +294,45 @@ def _vacuum(args: argparse.Namespace) -> Any:
                                 older_than=args.older_than, dry_run=args.dry_run,
                                 token_retention=args.token_retention)
     doc = {"uri": args.uri, "dry_run": args.dry_run, **dataclasses.asdict(report)}
+    doc["consumers"] = [c.to_dict() for c in report.consumers]
     verb = "would remove" if args.dry_run else "removed"
     kept = report.retained_versions
     text = (f"{args.uri}: {verb} {_plural(len(report.removed_versions), 'version')} and "
             f"{_plural(len(report.removed_objects), 'object')} ({_size(report.removed_bytes)}); "
             f"kept {_plural(len(kept), 'version')}"
             + (f" ({_ranges(kept)})" if kept else "")
-            + f"; grace {_duration_text(_grace_s(args.older_than))}")
+            + f"; grace {_duration_text(_grace_s(args.older_than))}"
+            + (f"; consumers hold {_plural(len(report.held_versions), 'version')} "
+               f"({_size(report.held_bytes)})" if report.held_versions else ""))
     return doc, text
+
+
+def _consumers(args: argparse.Namespace) -> Any:
+    table = _open(args)
+    listed = table.consumers()
+    doc = {"uri": args.uri, "version": table.version,
+           "consumer_expiry_s": table.consumer_expiry.total_seconds(),
+           "consumers": [c.to_dict() for c in listed]}
+    if not listed:
+        return doc, f"{args.uri}: no consumers"
+    lines = [f"{args.uri}: {_plural(len(listed), 'consumer')} "
+             f"(expiry {_duration_text(table.consumer_expiry.total_seconds())})"]
+    for c in listed:
+        state = "expired, holds nothing" if c.expired else \
+            f"holds versions {c.version}..{table.version}"
+        lines.append(f"  {c.name}: version {c.version}, recorded "
+                     f"{_duration_text(round(c.age.total_seconds()))} ago; {state}")
+    return doc, "\n".join(lines)
+
+
+def _drop_consumer(args: argparse.Namespace) -> Any:
+    if args.name and args.name_arg and args.name != args.name_arg:
+        raise ValueError(f"the consumer twice: --name {args.name} and {args.name_arg}")
+    name = args.name or args.name_arg
+    if not name:
+        raise ValueError("drop-consumer: the consumer's name is required (--name NAME)")
+    _open(args).drop_consumer(name)
+    return {"uri": args.uri, "dropped": name}, f"{args.uri}: dropped consumer {name}"
 
 
 def _iceberg(args: argparse.Namespace) -> Any:
@@ -336,7 +379,7 @@ def register_in_sql_catalog(catalog_uri: str, identifier: str, location: str,
 
 
 _COMMANDS = {"inspect": _inspect, "optimize": _optimize, "vacuum": _vacuum,
-             "iceberg": _iceberg}
+             "iceberg": _iceberg, "consumers": _consumers, "drop-consumer": _drop_consumer}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -344,6 +387,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     prog = f"{PROG} {args.command}"
+    if args.command == "drop-consumer" and args.table and args.uri and not args.name_arg:
+        args.name_arg, args.uri = args.uri, None   # drop-consumer --table URI NAME
     if args.table and args.uri and args.table != args.uri:
         parser.exit(EXIT_USAGE, f"{prog}: error: the table twice: --table {args.table} and "
                                 f"{args.uri}\n")
@@ -554,6 +599,14 @@ def format_inspection(report: Dict[str, Any]) -> str:
                      f"{tok['horizon']} at the latest commit); "
                      f"{_plural(tok['markers'], 'marker')}, "
                      f"{_plural(tok['index_objects'], 'index object')}")
+    con = report.get("consumers")
+    if con and con["list"]:
+        named = ", ".join(f"{c['name']} at {c['version']}"
+                          + (" (expired)" if c["expired"] else "") for c in con["list"])
+        lines.append(f"  consumers   {named}; they hold "
+                     f"{_plural(con['held']['versions'], 'version')} "
+                     f"({_size(con['held']['bytes'])}) from vacuum; expiry "
+                     f"{_duration_text(con['expiry_s'])}")
     rec, wait = vac["reclaimable"], vac["in_grace"]
     lines.append(f"  vacuum      would reclaim {_size(rec['bytes'])} "
                  f"({_plural(rec['objects'], 'object')}, {_plural(rec['versions'], 'version')}) "

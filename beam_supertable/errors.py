@@ -94,3 +94,7 @@ class FrontierError(SupertableError, ValueError):
 class IcebergDisabledError(SupertableError, ValueError):
     """The table keeps no Iceberg metadata (created with ``iceberg=False``, or by an
     older release): ``Supertable.sync_iceberg()`` turns it on."""
+
+
+class ConsumerNotFoundError(SupertableError, LookupError):
+    """No change-feed consumer of that name is recorded in the table."""

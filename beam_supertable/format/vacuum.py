@@ -8,7 +8,8 @@ import logging
 import math
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from beam_supertable.format import ids
+from beam_supertable.format import consumers as named, ids
+from beam_supertable.format.consumers import CONSUMERS, Consumer
 from beam_supertable.format.documents import (
     HINT, META, TOKEN_INDEX, TOKENS, VERSIONS, Snapshot, epoch_of, iso_of, retention_seconds,
     token_retention_of, unseal, version_of, version_path)
@@ -44,6 +45,11 @@ class VacuumReport:
     folded_tokens: int = 0              # markers folded into the token index
     # Tokens of commits before it are forgotten (a moment, so not compared).
     token_horizon: Optional[str] = dataclasses.field(default=None, compare=False)
+    # The change feed's named consumers (ages move, so not compared), the versions
+    # kept only because a live one still needs them, and the bytes only those hold.
+    consumers: Tuple[Consumer, ...] = dataclasses.field(default=(), compare=False)
+    held_versions: Tuple[int, ...] = ()
+    held_bytes: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,8 +59,9 @@ class VacuumPlan:
     Attributes:
         removed_versions: versions it would delete.
         removed_objects: objects it would delete (versions included), by path.
-        retained_versions: versions it keeps (the newest ``retain_versions``
-            and any younger than the grace period).
+        retained_versions: versions it keeps (the newest ``retain_versions``,
+            any younger than the grace period, and those a live consumer
+            still needs).
         waiting_objects: objects no kept version references that the grace
             period still protects (a commit in flight, or an orphan that is
             reclaimable later).
@@ -64,6 +71,9 @@ class VacuumPlan:
             and index objects of commits before it are removed.
         folds: index entries to write, by period ``(start, end)``: the
             markers of removed versions whose tokens are still remembered.
+        consumers: the change feed's named consumers, aged at the plan's moment.
+        held_versions: versions kept only because a live consumer needs them.
+        held_bytes: the bytes of the objects only those versions reference.
     """
 
     removed_versions: Tuple[int, ...]
@@ -74,6 +84,9 @@ class VacuumPlan:
     token_retention_s: float = 0.0
     token_horizon: float = 0.0
     folds: Dict[Tuple[int, int], List[list]] = dataclasses.field(default_factory=dict)
+    consumers: Tuple[Consumer, ...] = ()
+    held_versions: Tuple[int, ...] = ()
+    held_bytes: int = 0
 
     @property
     def folded_tokens(self) -> int:
@@ -91,7 +104,8 @@ class VacuumPlan:
         """The plan as what ``vacuum`` returns."""
         return VacuumReport(self.removed_versions, tuple(i.path for i in self.removed_objects),
                             self.removed_bytes, self.retained_versions, self.folded_tokens,
-                            iso_of(self.token_horizon))
+                            iso_of(self.token_horizon), self.consumers, self.held_versions,
+                            self.held_bytes)
 
 
 class Vacuum:
@@ -147,6 +161,9 @@ class Vacuum:
             keep_versions: versions kept whatever their age (e.g. the version
                 a streaming upsert run started on and reads its priors at).
 
+        Every version from the oldest live consumer's on is kept (see
+        :mod:`beam_supertable.format.consumers`).
+
         Returns:
             The plan: versions and objects to remove, versions kept, and the
             unreferenced objects the grace period still protects.
@@ -168,17 +185,29 @@ class Vacuum:
                 keep.add(v)
         keep.update(v for v in version_infos if v > latest)
         keep.update(v for v in keep_versions if v in version_infos)
+        latest_doc = self._try_version(latest)
+        properties = latest_doc.get("properties", {}) if latest_doc is not None else {}
+        consumers = tuple(named.listing(self.store, now, named.consumer_expiry_of(properties),
+                                        objects))
+        floor = named.held_from(consumers, ordered)
+        held = {v for v in ordered if floor is not None and v >= floor} - keep
+        keep |= held
         referenced = {HINT}
+        only_held: set = set()
         kept_at: Dict[int, Optional[float]] = {}
         retention = None if token_retention is None else retention_seconds(token_retention)
         for v in sorted(keep):
-            doc = self._try_version(v)
+            doc = latest_doc if v == latest else self._try_version(v)
             if doc is not None:
                 kept = self._snapshot(doc)
-                referenced |= self.referenced(kept) | self.derived_referenced(kept)
+                refs = self.referenced(kept) | self.derived_referenced(kept)
+                (only_held if v in held else referenced).update(refs)
                 kept_at[v] = epoch_of(kept.commit.get("timestamp"))
                 if v == latest and retention is None:
                     retention = token_retention_of(kept.properties)
+        only_held -= referenced
+        held_bytes = sum(i.size for i in objects if i.path in only_held)
+        referenced |= only_held
         retention = token_retention_of({}) if retention is None else retention
         horizon = now - retention
         removed: List[ObjectInfo] = []
@@ -186,9 +215,11 @@ class Vacuum:
         removed_versions = []
         for info in objects:
             path = info.path
-            if path in referenced or path.startswith((ids.CLAIMS + "/", TOKENS + "/")):
-                # Id claims are kept (their ids may be in use); token markers
-                # and index objects go by the token horizon, below.
+            if path in referenced or path.startswith((ids.CLAIMS + "/", TOKENS + "/",
+                                                      CONSUMERS + "/")):
+                # Id claims are kept (their ids may be in use), consumers until
+                # dropped; token markers and index objects go by the token
+                # horizon, below.
                 continue
             if path.startswith(VERSIONS + "/"):
                 version = version_of(path)
@@ -211,7 +242,16 @@ class Vacuum:
         return VacuumPlan(tuple(sorted(removed_versions)),
                           tuple(sorted(removed, key=lambda i: i.path)),
                           tuple(sorted(keep)), tuple(sorted(waiting, key=lambda i: i.path)),
-                          grace, retention, horizon, folds)
+                          grace, retention, horizon, folds, consumers, tuple(sorted(held)),
+                          held_bytes)
+
+    def _needs_replan(self, plan: "VacuumPlan") -> bool:
+        """Whether a consumer recorded since ``plan`` was made needs a version it removes."""
+        seen = {(c.name, c.version) for c in plan.consumers}
+        now = self.clock()
+        fresh = named.listing(self.store, now, float("inf"))
+        return any((c.name, c.version) not in seen and c.version <= max(plan.removed_versions)
+                   for c in fresh)
 
     def _past_tokens(self, objects: Sequence[ObjectInfo], removed_versions: Sequence[int],
                      kept_at: Dict[int, Optional[float]], horizon: float, period: float
@@ -315,9 +355,17 @@ class Vacuum:
             token_retention: how long tokens are remembered (seconds or a
                 ``timedelta``); default: the table's ``token_retention``.
             keep_versions: versions kept whatever their age (``plan_vacuum``).
+
+        A live consumer of the change feed keeps every version from its own on;
+        one that registers or moves back while the plan is made is seen by a
+        second look at the consumers just before anything is deleted.
         """
         plan = self.plan_vacuum(retain_versions=retain_versions, older_than=older_than,
                                 token_retention=token_retention, keep_versions=keep_versions)
+        if not dry_run and plan.removed_versions and self._needs_replan(plan):
+            plan = self.plan_vacuum(retain_versions=retain_versions, older_than=older_than,
+                                    token_retention=token_retention,
+                                    keep_versions=keep_versions)
         self.store.check_writable()
         if not dry_run:
             # The index first: a marker goes only once its token is folded.

@@ -20,6 +20,9 @@ vector, so it costs the same on a table of ten superfiles or ten thousand
                  "by_kind": {kind: {"objects", "bytes"}},
                  "referenced_by_latest": {"objects", "bytes", "missing"}},
      "tokens": {"retention_s", "horizon", "markers", "index_objects"},
+     "consumers": {"expiry_s", "list": [{"name", "version", "updated_at", "age_s",
+                                         "expired"}],
+                   "held": {"versions", "bytes"}},
      "vacuum": {"retain_versions", "grace_s",
                 "reclaimable": {"versions", "objects", "bytes"},
                 "in_grace": {"objects", "bytes"}}}
@@ -34,6 +37,10 @@ latest version recorded when it committed (its commit time less the token
 retention): reruns of commits made since are deduplicated; at a later moment
 ``t`` the horizon in force is ``t - retention_s``.
 
+``consumers`` lists the change feed's named readers with the version each
+has read to; ``held`` is what they cost the reported vacuum: the versions it
+keeps only for them and the bytes only those versions reference.
+
 Rows per cell count the rows stored in a cell (deleted ones included, until
 an optimize drops them); a superfile written before entries recorded
 ``cell_rows`` and spanning several cells leaves them unknown, and then
@@ -47,6 +54,7 @@ import statistics
 from typing import Any, Dict, Iterable, List, Optional, Union
 
 from beam_supertable.format import ids
+from beam_supertable.format.consumers import CONSUMERS, consumer_expiry_of
 from beam_supertable.format.documents import (
     PARTS, TOKEN_INDEX, TOKENS, VERSIONS, token_retention_of, version_of)
 from beam_supertable.format.manifest import Manifest, Snapshot, VacuumPlan
@@ -57,7 +65,7 @@ from beam_supertable.table.mutation import FRONTIER
 __all__ = ["KINDS", "inspect_table"]
 
 KINDS = ("versions", "parts", "token_markers", "token_index", "superfiles",
-         "deletion_vectors", "claims", "iceberg", "orphans", "other")
+         "deletion_vectors", "claims", "consumers", "iceberg", "orphans", "other")
 
 # Where objects live under a table's root, for the storage breakdown.
 _AREAS = (("data", "data/"), ("deletes", "deletes/"), ("metadata", "_supertable/"),
@@ -75,7 +83,8 @@ def _kind(path: str) -> str:
         return "iceberg"
     for prefix, kind in ((VERSIONS + "/", "versions"), (PARTS + "/", "parts"),
                          (TOKEN_INDEX + "/", "token_index"), (TOKENS + "/", "token_markers"),
-                         (ids.CLAIMS + "/", "claims"), ("data/", "superfiles"),
+                         (ids.CLAIMS + "/", "claims"), (CONSUMERS + "/", "consumers"),
+                         ("data/", "superfiles"),
                          ("deletes/", "deletion_vectors")):
         if path.startswith(prefix):
             return kind
@@ -144,6 +153,10 @@ def inspect_table(uri: str, storage_options: Optional[dict] = None, *,
         "storage": {**_storage(manifest, snapshot, objects, sizes),
                     "by_kind": _by_kind(objects, plan)},
         "tokens": _tokens(snapshot, objects),
+        "consumers": {"expiry_s": consumer_expiry_of(snapshot.properties),
+                      "list": [c.to_dict() for c in plan.consumers],
+                      "held": {"versions": len(plan.held_versions),
+                               "bytes": plan.held_bytes}},
         "vacuum": {
             "retain_versions": retain_versions,
             "grace_s": plan.grace_s,

@@ -23,6 +23,8 @@ from beam_supertable.errors import (
     IcebergDisabledError, NotATableError, SchemaMismatchError, TableExistsError)
 from beam_supertable.format import deletes as dv
 from beam_supertable.format.cache import DEFAULT_CACHE_BYTES, ByteCache
+from beam_supertable.format.consumers import (
+    CONSUMER_EXPIRY, Consumer, consumer_expiry_of, expiry_seconds)
 from beam_supertable.format.documents import (
     DEFAULT_TOKEN_RETENTION_S, TOKEN_RETENTION, retention_seconds, token_retention_of)
 from beam_supertable.format.filters import mask, pruned
@@ -40,6 +42,7 @@ from beam_supertable.fts import index as fts_index
 from beam_supertable.fts import search as text_search
 from beam_supertable.iceberg import metadata as iceberg_meta
 from beam_supertable.table import changes as change_feed
+from beam_supertable.table import consumers as feed_consumers
 from beam_supertable.table.dataset import LiveRows
 from beam_supertable.table.mutation import FRONTIER, Mutation
 from beam_supertable.table import search as _search
@@ -120,7 +123,8 @@ class Supertable:
                cache_bytes: int = DEFAULT_CACHE_BYTES,
                primary_key: Union[str, Sequence[str], None] = None,
                iceberg: bool = True, text_analysis=fts_analysis.DEFAULT,
-               token_retention: Union[float, datetime.timedelta] = DEFAULT_TOKEN_RETENTION_S
+               token_retention: Union[float, datetime.timedelta] = DEFAULT_TOKEN_RETENTION_S,
+               consumer_expiry: Union[float, datetime.timedelta, None] = None
                ) -> Supertable:
         """Creates an empty table.
 
@@ -153,6 +157,9 @@ class Supertable:
                 Iceberg readers read the table (see ``iceberg_metadata_location``).
             token_retention: how long a commit's token is remembered (seconds or
                 a ``timedelta``; 7 days): see ``set_token_retention``.
+            consumer_expiry: how long a silent change-feed consumer holds
+                versions from vacuum (seconds or a ``timedelta``; 7 days unless
+                set): see ``set_consumer_expiry``.
         """
         if mode not in CREATE_MODES:
             raise ValueError(f"{uri}: mode must be one of {CREATE_MODES}, got {mode!r}")
@@ -164,6 +171,8 @@ class Supertable:
             target_superfile_bytes=target_superfile_bytes, primary_key=primary_key,
             iceberg=iceberg, text_analysis=text_analysis)
         props[TOKEN_RETENTION] = retention_seconds(token_retention)
+        if consumer_expiry is not None:
+            props[CONSUMER_EXPIRY] = expiry_seconds(consumer_expiry)
         store = ObjectStore(uri, storage_options, single_writer=single_writer)
         manifest = Manifest(store)
         if mode == "exist_ok":
@@ -713,10 +722,11 @@ class Supertable:
                                      recall_target=recall_target)
 
     # -- the change feed ---------------------------------------------------
-    def changes(self, start_version: int, end_version: Optional[int] = None, *,
+    def changes(self, start_version: Optional[int] = None,
+                end_version: Union[int, str, None] = None, *,
                 columns: Optional[Sequence[str]] = None,
                 filter: Optional[pc.Expression] = None,  # noqa: A002
-                consolidate: bool = False) -> pa.Table:
+                consolidate: bool = False, consumer: Optional[str] = None) -> pa.Table:
         """Every logical change of versions ``start_version + 1 … end_version``.
 
         One row per row a version inserted (``_change`` = +1) and per row it
@@ -744,6 +754,14 @@ class Supertable:
                 ``_id``, or per primary key on a keyed table, whose rows are
                 compared on their user columns, without ``_id``), leaving
                 exactly ``rows(end) − rows(start)`` as a multiset difference.
+            consumer: a name (letters, digits, ``.``, ``_``, ``-``) under which the
+                table records how far this reader has read. Its first read
+                starts after ``start_version`` and registers it there; later
+                reads start after the version it recorded (``start_version``
+                is then ignored) and every read records ``end_version``. Vacuum
+                keeps every version a live consumer still needs (see
+                ``consumers``). The position moves when the read returns: a job
+                that fails before it has used the rows reads on after them.
 
         Returns:
             A ``pyarrow.Table``: ``_id``, the columns, ``_change`` (int8),
@@ -754,13 +772,53 @@ class Supertable:
             ValueError: ``start_version > end_version``, not an int, or a column
                 asked for twice.
             VersionNotFoundError: a version past the latest, or ``start_version``
-                removed by ``vacuum`` (the message names the oldest version still
-                readable).
+                (or the consumer's version) removed by ``vacuum`` (the message
+                names the oldest version still readable).
             SchemaMismatchError: an unknown column, a filter the columns cannot
                 evaluate, or a version of the range changed the table's schema.
         """
+        if consumer is not None:
+            return feed_consumers.read(self, consumer, start_version, end_version,
+                                       columns=columns, filter=filter,
+                                       consolidate_changes=consolidate)
         return change_feed.changes(self, start_version, end_version, columns=columns,
                                    filter=filter, consolidate_changes=consolidate)
+
+    def consumers(self) -> List[Consumer]:
+        """The change feed's named consumers, by name: each one's ``version`` (the last
+        whose changes it has taken), ``updated_at``, ``age`` and whether it has
+        ``expired`` (silent for ``consumer_expiry``: it holds no versions).
+
+        ``vacuum`` keeps every version from the oldest live consumer's on.
+        """
+        return feed_consumers.listing(self)
+
+    def drop_consumer(self, name: str) -> None:
+        """Forgets consumer ``name``: vacuum stops holding versions for it, and a reader
+        using the name again starts from its ``start_version``.
+
+        Raises:
+            ConsumerNotFoundError: no consumer of that name (a ``LookupError``).
+        """
+        feed_consumers.drop(self, name)
+
+    @property
+    def consumer_expiry(self) -> datetime.timedelta:
+        """How long a consumer that records nothing keeps holding versions from vacuum
+        (the table property ``consumer_expiry``; 7 days unless set)."""
+        return datetime.timedelta(seconds=consumer_expiry_of(self._snapshot.properties))
+
+    def set_consumer_expiry(self, expiry: Duration, *,
+                            max_retries: int = DEFAULT_MAX_RETRIES) -> int:
+        """Changes the table's ``consumer_expiry`` (seconds or a ``timedelta``) in one
+        commit; returns the version holding it (this handle's, when unchanged)."""
+        seconds = expiry_seconds(expiry)
+        self.refresh()
+        if self._snapshot.properties.get(CONSUMER_EXPIRY) == seconds:
+            return self.version
+        return self.commit(CommitRequest(
+            operation="set_properties", set_properties={CONSUMER_EXPIRY: seconds},
+            replace_properties=(CONSUMER_EXPIRY,)), max_retries=max_retries)
 
     # -- maintenance -------------------------------------------------------
     @property
@@ -812,6 +870,10 @@ class Supertable:
             keep_versions: versions kept whatever their age, with every
                 object they reference (e.g. the version a streaming
                 ``UpsertToSupertable`` run started on: it reads priors there).
+
+        Every version from the oldest live change-feed consumer's on is kept
+        too (see ``consumers``); the report lists the consumers and the
+        versions and bytes only they hold.
         """
         if token_retention is not None:
             retention_seconds(token_retention)

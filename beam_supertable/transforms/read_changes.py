@@ -19,6 +19,15 @@ emitted: none is lost, none repeated. The watermark follows commit times; while
 the table is idle it follows the wall clock, since a version committed later
 carries a later time (an element is never stamped below the watermark: a
 version whose writer's clock is behind is stamped at the watermark).
+
+Named (``consumer="..."``): the read is the tailing reader's, bounded or not,
+and after each firing that emitted versions it records the last one in the
+table (:mod:`beam_supertable.format.consumers`) when the runner finalizes the
+bundle: on Flink once the checkpoint that covers it completes, on the
+DirectRunner when the bundle ends. Vacuum keeps every version from there on,
+and a new run of the pipeline resumes there instead of at ``start_version``.
+A reader idle for ``HEARTBEAT_S`` records its version again, so a live reader
+of a quiet table does not expire.
 """
 
 from __future__ import annotations
@@ -34,12 +43,15 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.display import DisplayDataItem
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import ReadModifyWriteStateSpec, TimerSpec, on_timer
+from apache_beam.pvalue import TaggedOutput
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Duration, Timestamp
 
 from beam_supertable.errors import VersionNotFoundError
+from beam_supertable.format import consumers as named
 from beam_supertable.format.schema import ID
 from beam_supertable.table import changes as feed
+from beam_supertable.table import consumers as feed_consumers
 from beam_supertable.table.supertable import Supertable
 from beam_upsert.model import Change
 
@@ -49,14 +61,17 @@ DEFAULT_POLL_INTERVAL = 1.0   # seconds between looks for a new version while ta
 VERSIONS_PER_FIRING = 16      # versions one timer firing emits at most while catching up
 NAMESPACE = "beam_supertable"
 LATEST = "latest"
+PROGRESS = "progress"         # the tailing reader's output of versions emitted, for a consumer
+HEARTBEAT_S = 60.0            # an idle named reader records its version again this often
 
 
 class _Settings:
     """What every stage needs: where the table is and what to read of it."""
 
     def __init__(self, uri, storage_options, columns, filter, row_columns,  # noqa: A002
-                 primary_key, schema) -> None:
+                 primary_key, schema, consumer=None) -> None:
         self.uri, self.storage_options, self.schema = uri, storage_options, schema
+        self.consumer = consumer
         self.columns, self.filter = list(columns), filter
         self.row_columns, self.primary_key = list(row_columns), list(primary_key)
 
@@ -135,6 +150,7 @@ class _TailChanges(beam.DoFn):
     def setup(self):
         self._table = self._s.open()
         self._before = None   # the last version emitted: the next one's predecessor
+        self._told = time.monotonic()   # when a version was last sent to be recorded
         self._count = Metrics.counter(NAMESPACE, "changes_read")
         self._landed = Metrics.counter(NAMESPACE, "versions_read")
 
@@ -166,6 +182,10 @@ class _TailChanges(beam.DoFn):
             floor, version = stamp, version + 1
             doc = manifest._try_version(version)
         next_version.write(version)
+        if self._s.consumer is not None and (
+                not idle or time.monotonic() - self._told >= HEARTBEAT_S):
+            self._told = time.monotonic()
+            yield TaggedOutput(PROGRESS, version - 1)
         if self._end is not None and version > self._end:
             return   # every version asked for is out
         # Idle: a version committed from now on carries a later time.
@@ -184,7 +204,8 @@ class _TailChanges(beam.DoFn):
             f"{self._table.uri}: read changes: version {version}, the next this reader needs, "
             f"was removed by vacuum; the oldest version still readable is {oldest}. Resume "
             f"from a snapshot: read version {oldest} (ReadFromSupertable(..., "
-            f"version={oldest})) and tail its changes with start_version={oldest}")
+            f"version={oldest})) and tail its changes with start_version={oldest}; a "
+            f"reader given a consumer name is never left behind this way")
 
     def _emit(self, after, stamp):
         before = self._before
@@ -198,6 +219,31 @@ class _TailChanges(beam.DoFn):
                 yield TimestampedValue(change, stamp)
         self._landed.inc()
         self._before = after
+
+
+class _RecordProgress(beam.DoFn):
+    """Records a named consumer's version once the runner finalizes the bundle that
+    carried it (after the covering checkpoint on Flink): a restored reader never
+    needs a version older than the one recorded."""
+
+    def __init__(self, settings: _Settings) -> None:
+        self._s = settings
+
+    def setup(self):
+        self._table = self._s.open()
+
+    def start_bundle(self):
+        self._bundle = None   # this bundle's greatest version, once a callback holds it
+
+    def process(self, version, finalizer=beam.DoFn.BundleFinalizerParam):
+        if self._bundle is None:
+            held = self._bundle = [version]
+            finalizer.register(lambda: self._record(held[0]))
+        self._bundle[0] = max(self._bundle[0], version)
+
+    def _record(self, version: int) -> None:
+        named.record(self._table.store, self._s.consumer, version,
+                     self._table.snapshot.manifest.clock())
 
 
 class ReadChangesFromSupertable(beam.PTransform):
@@ -222,22 +268,33 @@ class ReadChangesFromSupertable(beam.PTransform):
             are skipped by their statistics).
         poll_interval: seconds between looks for a new version while tailing.
         storage_options: fsspec options of the store.
+        consumer: a name under which the table records how far this reader
+            has emitted (letters, digits, ``.``, ``_``, ``-``). Built for the
+            first time, it registers at ``start_version``; built again (a
+            restarted job), it resumes after the version it recorded, and
+            ``start_version`` may be omitted. Vacuum never removes a version a
+            live consumer still needs. See ``Supertable.consumers``.
 
     Raises (when the pipeline is built):
-        VersionNotFoundError: ``start_version`` was vacuumed (the message
-            names the oldest version still readable) or does not exist yet.
-        ValueError: ``start_version > end_version``, a bad ``poll_interval``.
+        VersionNotFoundError: ``start_version`` (or the consumer's version) was
+            vacuumed (the message names the oldest version still readable) or
+            does not exist yet.
+        ValueError: ``start_version > end_version``, a bad ``poll_interval``,
+            a bad consumer name, no ``start_version`` for a new consumer.
         SchemaMismatchError: an unknown column.
     """
 
-    def __init__(self, uri: str, *, start_version: int,
+    def __init__(self, uri: str, *, start_version: Optional[int] = None,
                  end_version: Union[int, str, None] = None,
                  columns: Optional[Sequence[str]] = None,
                  filter: Optional[pc.Expression] = None,  # noqa: A002
                  poll_interval: float = DEFAULT_POLL_INTERVAL,
-                 storage_options: Optional[dict] = None, label: Optional[str] = None) -> None:
+                 storage_options: Optional[dict] = None, label: Optional[str] = None,
+                 consumer: Optional[str] = None) -> None:
         super().__init__(label)
         where = "ReadChangesFromSupertable"
+        if consumer is not None:
+            named.check_name(consumer)
         if isinstance(poll_interval, bool) or not isinstance(poll_interval, (int, float)) \
                 or not 0 < poll_interval < 86_400:
             raise ValueError(f"{where}: poll_interval must be a number of seconds > 0 and "
@@ -249,6 +306,12 @@ class ReadChangesFromSupertable(beam.PTransform):
         latest = table.version
         if end_version == LATEST:
             end_version = latest
+        known = False
+        if consumer is not None:
+            start_version, known = feed_consumers.resume(table, consumer, start_version, where)
+            if known and isinstance(end_version, int) and not isinstance(end_version, bool) \
+                    and end_version < start_version:
+                start_version = end_version   # it has read past the end asked for: nothing left
         for name, value in (("start_version", start_version), ("end_version", end_version)):
             if (value is not None or name == "start_version") and (
                     isinstance(value, bool) or not isinstance(value, int) or value < 0):
@@ -269,9 +332,11 @@ class ReadChangesFromSupertable(beam.PTransform):
         read = names + [c for c in key if c not in names]
         row_columns = list(columns) if columns is not None else names
         self._settings = _Settings(uri, storage_options, read, filter, row_columns, key,
-                                   start.schema)
+                                   start.schema, consumer)
         self._start, self._end, self._latest = start_version, end_version, latest
         self._poll = float(poll_interval)
+        if consumer is not None and not known:
+            feed_consumers.register(table, consumer, start_version, where)
 
     @property
     def bounded(self) -> bool:
@@ -279,17 +344,22 @@ class ReadChangesFromSupertable(beam.PTransform):
         return self._end is not None and self._end <= self._latest
 
     def expand(self, pbegin):
-        if self.bounded:
+        if self.bounded and self._settings.consumer is None:
             return (pbegin
                     | "Start" >> beam.Create([None])
                     | "PlanUnits" >> beam.ParDo(_PlanUnits(self._settings, self._start, self._end))
                     | "Spread" >> beam.Reshuffle()
                     | "ReadUnits" >> beam.ParDo(_ReadUnits(self._settings)))
-        changes = (pbegin
-                   | "Start" >> beam.Create([("tail", None)])
-                   | "Tail" >> beam.ParDo(_TailChanges(self._settings, self._start, self._end,
-                                                       self._poll)))
-        changes.is_bounded = False   # it arrives as the table's versions land
+        tail = beam.ParDo(_TailChanges(self._settings, self._start, self._end, self._poll))
+        start = pbegin | "Start" >> beam.Create([("tail", None)])
+        if self._settings.consumer is None:
+            changes = start | "Tail" >> tail
+        else:
+            out = start | "Tail" >> tail.with_outputs(PROGRESS, main="changes")
+            _ = out[PROGRESS] | "RecordProgress" >> beam.ParDo(_RecordProgress(self._settings))
+            changes = out.changes
+        if not self.bounded:
+            changes.is_bounded = False   # it arrives as the table's versions land
         return changes
 
     def display_data(self) -> Dict[str, Any]:
@@ -298,5 +368,7 @@ class ReadChangesFromSupertable(beam.PTransform):
                 "end_version": DisplayDataItem(
                     "(tail)" if self._end is None else self._end, label="End version"),
                 "columns": DisplayDataItem(", ".join(self._settings.row_columns),
-                                           label="Columns")}
+                                           label="Columns"),
+                "consumer": DisplayDataItem(self._settings.consumer or "(none)",
+                                            label="Consumer")}
 

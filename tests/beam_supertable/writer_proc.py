@@ -3,7 +3,7 @@
     python -m tests.beam_supertable.writer_proc append URI OPTIONS_JSON WRITER N
     python -m tests.beam_supertable.writer_proc append-constant-random URI OPTIONS_JSON WRITER N
     python -m tests.beam_supertable.writer_proc upload-then-hang URI OPTIONS_JSON
-    python -m tests.beam_supertable.writer_proc vacuum URI OPTIONS_JSON STOP_FILE GRACE_S
+    python -m tests.beam_supertable.writer_proc vacuum URI OPTIONS_JSON STOP_FILE GRACE_S [RETAIN]
 """
 
 import json
@@ -39,12 +39,13 @@ def main(argv):
         # Vacuums while the writers race, until told to stop; the grace outlasts
         # any commit's upload-to-commit window, as it must in production.
         stop, grace = argv[3], float(argv[4])
+        retain = int(argv[5]) if len(argv) > 5 else 10
         removed, rounds = 0, 0
         while True:
             # One more round once the writers are done: a metadata file a writer wrote
             # while a vacuum ran may still list snapshots that vacuum removed.
             done = os.path.exists(stop)
-            report = table.vacuum(retain_versions=10, older_than=grace)
+            report = table.vacuum(retain_versions=retain, older_than=grace)
             removed += len(report.removed_versions)
             rounds += 1
             if done:
