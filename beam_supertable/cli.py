@@ -40,25 +40,22 @@ import logging
 import os
 import re
 import sys
-import time
 import traceback
-from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO
+from typing import Any, Callable, Optional, Sequence
 
 from beam_supertable._program import program_name
 from beam_supertable._version import __version__
+from beam_supertable.cli_text import (
+    DURATION_UNITS, Progress, duration_text, format_inspection, plan_text, plural, ranges, size)
 from beam_supertable.errors import SupertableError
 from beam_supertable.format.vacuum import DEFAULT_VACUUM_GRACE_S
 from beam_supertable.format.writer import TARGET_SUPERFILE_BYTES
 from beam_supertable.table.inspection import inspect_table
 
-__all__ = ["main", "parse_bytes", "parse_duration"]
+__all__ = ["Progress", "format_inspection", "main", "parse_bytes", "parse_duration"]
 
 PROG = program_name("python -m beam_supertable")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-PROGRESS_INTERVAL_S = 0.1      # at most ten progress redraws a second
-PROGRESS_BAR_WIDTH = 30
-
-_DURATION_UNITS = {"w": 7 * 86400, "d": 86400, "h": 3600, "m": 60, "s": 1}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([wdhms])")
 _BYTE_UNITS = {"": 1, "b": 1, "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "tib": 2 ** 40,
                "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12}
@@ -84,7 +81,7 @@ def parse_duration(text: str) -> datetime.timedelta:
     for match in _DURATION.finditer(text):
         if match.start() != pos:
             break
-        seconds += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        seconds += float(match.group(1)) * DURATION_UNITS[match.group(2)]
         pos = match.end()
     if pos == 0 or pos != len(text):
         raise ValueError(f"{text!r} is not a duration; write e.g. 6h, 30m, 90s, 1h30m or 0s")
@@ -192,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     def vacuum_options(sub: argparse.ArgumentParser, what: str) -> None:
         sub.add_argument("--older-than", type=duration, default=None, metavar="DURATION",
                          help=f"grace period of the {what} (default: "
-                              f"{_duration_text(DEFAULT_VACUUM_GRACE_S)}); 0s for none")
+                              f"{duration_text(DEFAULT_VACUUM_GRACE_S)}); 0s for none")
         sub.add_argument("--retain-versions", type=count, default=10, metavar="N",
                          help=f"newest versions the {what} keeps")
 
@@ -280,7 +277,7 @@ def _optimize(args: argparse.Namespace) -> Any:
     if args.dry_run:
         plan = result.to_dict()
         return {"uri": args.uri, "dry_run": True, "version": table.version, "plan": plan}, \
-            _plan_text(args.uri, table.version, plan)
+            plan_text(args.uri, table.version, plan)
     if result is None:
         return ({"uri": args.uri, "dry_run": False, "optimized": False, "version": table.version},
                 f"{args.uri}: nothing to optimize; version {table.version} unchanged")
@@ -297,13 +294,13 @@ def _vacuum(args: argparse.Namespace) -> Any:
     doc["consumers"] = [c.to_dict() for c in report.consumers]
     verb = "would remove" if args.dry_run else "removed"
     kept = report.retained_versions
-    text = (f"{args.uri}: {verb} {_plural(len(report.removed_versions), 'version')} and "
-            f"{_plural(len(report.removed_objects), 'object')} ({_size(report.removed_bytes)}); "
-            f"kept {_plural(len(kept), 'version')}"
-            + (f" ({_ranges(kept)})" if kept else "")
-            + f"; grace {_duration_text(_grace_s(args.older_than))}"
-            + (f"; consumers hold {_plural(len(report.held_versions), 'version')} "
-               f"({_size(report.held_bytes)})" if report.held_versions else ""))
+    text = (f"{args.uri}: {verb} {plural(len(report.removed_versions), 'version')} and "
+            f"{plural(len(report.removed_objects), 'object')} ({size(report.removed_bytes)}); "
+            f"kept {plural(len(kept), 'version')}"
+            + (f" ({ranges(kept)})" if kept else "")
+            + f"; grace {duration_text(_grace_s(args.older_than))}"
+            + (f"; consumers hold {plural(len(report.held_versions), 'version')} "
+               f"({size(report.held_bytes)})" if report.held_versions else ""))
     return doc, text
 
 
@@ -315,13 +312,13 @@ def _consumers(args: argparse.Namespace) -> Any:
            "consumers": [c.to_dict() for c in listed]}
     if not listed:
         return doc, f"{args.uri}: no consumers"
-    lines = [f"{args.uri}: {_plural(len(listed), 'consumer')} "
-             f"(expiry {_duration_text(table.consumer_expiry.total_seconds())})"]
+    lines = [f"{args.uri}: {plural(len(listed), 'consumer')} "
+             f"(expiry {duration_text(table.consumer_expiry.total_seconds())})"]
     for c in listed:
         state = "expired, holds nothing" if c.expired else \
             f"holds versions {c.version}..{table.version}"
         lines.append(f"  {c.name}: version {c.version}, recorded "
-                     f"{_duration_text(round(c.age.total_seconds()))} ago; {state}")
+                     f"{duration_text(round(c.age.total_seconds()))} ago; {state}")
     return doc, "\n".join(lines)
 
 
@@ -433,184 +430,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return EXIT_OK
 
 
-# -- progress ------------------------------------------------------------------
-class Progress:
-    """A one-line progress bar on ``stream``, drawn only when it is a terminal.
-
-    Called as ``progress(done, total)`` (``Supertable.optimize``'s callback);
-    redraws at most every ``PROGRESS_INTERVAL_S`` and always at the end.
-    """
-
-    def __init__(self, stream: TextIO, label: str, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self._stream = stream
-        self._label = label
-        self._clock = clock
-        self._live = bool(getattr(stream, "isatty", lambda: False)())
-        self._drawn = False
-        self._last = float("-inf")
-
-    def __call__(self, done: int, total: int) -> None:
-        if not self._live:
-            return
-        now = self._clock()
-        if done < total and now - self._last < PROGRESS_INTERVAL_S:
-            return
-        self._last = now
-        share = done / total if total else 1.0
-        filled = int(round(share * PROGRESS_BAR_WIDTH))
-        bar = "#" * filled + "." * (PROGRESS_BAR_WIDTH - filled)
-        self._stream.write(f"\r{self._label} [{bar}] {done}/{total} ({share:.0%})")
-        self._stream.flush()
-        self._drawn = True
-
-    def close(self) -> None:
-        """Ends the bar's line, if one was drawn."""
-        if self._drawn:
-            self._stream.write("\n")
-            self._stream.flush()
-            self._drawn = False
-
-
-# -- text output ---------------------------------------------------------------
+# -- text output (the rest: beam_supertable.cli_text) ---------------------------
 def _grace_s(older_than: Optional[datetime.timedelta]) -> float:
     return DEFAULT_VACUUM_GRACE_S if older_than is None else older_than.total_seconds()
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n:,} {word}{'' if n == 1 else 's'}"
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
-def _number(x: Any) -> str:
-    if isinstance(x, float) and not x.is_integer():
-        return f"{x:,.1f}"
-    return f"{int(x):,}"
-
-
-def _duration_text(seconds: float) -> str:
-    if seconds == 0:
-        return "0s"
-    out, rest = [], seconds
-    for unit, size in _DURATION_UNITS.items():
-        if unit == "w":
-            continue
-        whole = int(rest // size)
-        if whole:
-            out.append(f"{whole}{unit}")
-            rest -= whole * size
-    if rest:
-        out.append(f"{rest:g}s" if not out else f"{rest:.3g}s")
-    return "".join(out)
-
-
-def _ranges(versions: Sequence[int]) -> str:
-    """``[1, 2, 3, 7]`` as ``1-3, 7``."""
-    spans: List[List[int]] = []
-    for v in versions:
-        if spans and v == spans[-1][1] + 1:
-            spans[-1][1] = v
-        else:
-            spans.append([v, v])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
-
-
-def _count(value: Any) -> int:
-    """A plan field that is either a count or the list of what it counts."""
-    return len(value) if isinstance(value, (list, tuple, dict, set)) else int(value)
-
-
-def _plan_text(uri: str, version: int, plan: Dict[str, Any]) -> str:
-    return (f"{uri} (version {version}): optimize would rewrite "
-            f"{_plural(_count(plan['superfiles_to_rewrite']), 'superfile')} "
-            f"({_number(plan['rows_to_rewrite'])} rows, {_size(plan['bytes_to_rewrite'])}) in "
-            f"{_plural(_count(plan['groups']), 'group')}, reclaim "
-            f"{_number(plan['deleted_rows_to_reclaim'])} deleted rows, split "
-            f"{_plural(_count(plan['cells_to_split']), 'cell')}; about "
-            f"{_plural(_count(plan['estimated_superfiles_after']), 'superfile')} after")
-
-
-def _spread_text(spread: Optional[Dict[str, Any]], fmt: Callable[[Any], str]) -> str:
-    if spread is None:
-        return "n/a"
-    return f"min {fmt(spread['min'])} / median {fmt(spread['median'])} / max {fmt(spread['max'])}"
-
-
-def _frontier_text(frontier: Optional[int]) -> str:
-    if frontier is None:
-        return "none"
-    when = datetime.datetime.fromtimestamp(frontier / 1e6, datetime.timezone.utc)
-    return f"{frontier} ({when.isoformat(timespec='seconds')})"
-
-
-def format_inspection(report: Dict[str, Any]) -> str:
-    """``inspect_table``'s report as a few lines for a terminal."""
-    v, rows, sf = report["versions"], report["rows"], report["superfiles"]
-    cells, storage, vac = report["cells"], report["storage"], report["vacuum"]
-    stored = rows["stored"]
-    share = f" ({rows['deleted'] / stored:.1%})" if stored else ""
-    lines = [
-        report["uri"],
-        f"  versions    latest {v['latest']}, {_plural(v['retained'], 'retained version')} "
-        f"(oldest {v['oldest_retained']}), frontier {_frontier_text(v['frontier'])}, last "
-        f"commit {v['latest_commit']['operation']} at {v['latest_commit']['timestamp']}",
-        f"  rows        {rows['live']:,} live, {rows['deleted']:,} deleted{share}, "
-        f"{stored:,} stored",
-        f"  superfiles  {sf['count']:,} holding {_size(sf['bytes']['total'])}; size "
-        f"{_spread_text(sf['bytes'], _size)} (target {_size(sf['target_bytes'])}); "
-        f"{sf['with_deletes']:,} with deletion vectors",
-    ]
-    grids = report["grids"]
-    if cells["count"]:
-        per_cell = _spread_text(cells["rows_per_cell"], _number) if cells["rows_per_cell"] \
-            else f"unknown ({cells['superfiles_without_cell_rows']} superfiles predate " \
-                 "per-cell counts)"
-        lines.append(f"  cells       {cells['count']:,} on {_plural(len(grids), 'grid')}; "
-                     f"rows per cell {per_cell}")
-    else:
-        lines.append("  cells       none (no vector column, or no rows yet)")
-    for g in grids:
-        n_cells = "" if g["n_cells"] is None else f", {g['n_cells']:,} cells"
-        lines.append(f"  grid        {g['id'][:12]} ({'current' if g['current'] else 'older'}"
-                     f"{n_cells}): {_plural(g['superfiles'], 'superfile')}, "
-                     f"{g['rows']:,} rows in {g['cells']:,} cells")
-    areas = ", ".join(f"{name} {_size(a['bytes'])}" for name, a in storage["by_area"].items())
-    ref = storage["referenced_by_latest"]
-    lines.append(f"  storage     {_size(storage['bytes'])} in "
-                 f"{_plural(storage['objects'], 'object')} ({areas}); the latest version "
-                 f"references {_size(ref['bytes'])} in {_plural(ref['objects'], 'object')}")
-    if ref["missing"]:
-        lines.append(f"  MISSING     {_plural(len(ref['missing']), 'referenced object')} not "
-                     f"found, e.g. {ref['missing'][0]}")
-    kinds = storage.get("by_kind", {})
-    lines.append("  objects     " + ", ".join(
-        f"{kind.replace('_', ' ')} {k['objects']:,} ({_size(k['bytes'])})"
-        for kind, k in kinds.items() if k["objects"]))
-    tok = report.get("tokens")
-    if tok:
-        lines.append(f"  tokens      remembered {_duration_text(tok['retention_s'])} (horizon "
-                     f"{tok['horizon']} at the latest commit); "
-                     f"{_plural(tok['markers'], 'marker')}, "
-                     f"{_plural(tok['index_objects'], 'index object')}")
-    con = report.get("consumers")
-    if con and con["list"]:
-        named = ", ".join(f"{c['name']} at {c['version']}"
-                          + (" (expired)" if c["expired"] else "") for c in con["list"])
-        lines.append(f"  consumers   {named}; they hold "
-                     f"{_plural(con['held']['versions'], 'version')} "
-                     f"({_size(con['held']['bytes'])}) from vacuum; expiry "
-                     f"{_duration_text(con['expiry_s'])}")
-    rec, wait = vac["reclaimable"], vac["in_grace"]
-    lines.append(f"  vacuum      would reclaim {_size(rec['bytes'])} "
-                 f"({_plural(rec['objects'], 'object')}, {_plural(rec['versions'], 'version')}) "
-                 f"keeping {vac['retain_versions']} versions and a "
-                 f"{_duration_text(vac['grace_s'])} grace; {_size(wait['bytes'])} in "
-                 f"{_plural(wait['objects'], 'unreferenced object')} still in grace")
-    return "\n".join(lines)

@@ -21,17 +21,25 @@ carries a later time (an element is never stamped below the watermark: a
 version whose writer's clock is behind is stamped at the watermark).
 
 Named (``consumer="..."``): the read is the tailing reader's, bounded or not,
-and after each firing that emitted versions it records the last one in the
-table (:mod:`beam_supertable.format.consumers`) when the runner finalizes the
-bundle: on Flink once the checkpoint that covers it completes, on the
-DirectRunner when the bundle ends. Vacuum keeps every version from there on,
-and a new run of the pipeline resumes there instead of at ``start_version``.
-A reader idle for ``HEARTBEAT_S`` records its version again, so a live reader
-of a quiet table does not expire.
+and it records in the table (:mod:`beam_supertable.format.consumers`) the last
+version it emitted ``SETTLE_S`` seconds ago or more, when the runner finalizes
+the bundle that carried it: on Flink once the checkpoint that covers it
+completes, on the DirectRunner when the bundle ends. The settling time is the
+sink's: a runner that keeps no state across a crash (the DirectRunner) loses
+what the stages after the reader held, and a restart from the record replays
+the versions emitted during the last ``SETTLE_S`` seconds instead of skipping
+what a sink had not committed yet. A sink that drops what it already applied
+(``UpsertToSupertable``, below its frontier) ends with every change once; on
+Flink the restored reader resumes from its checkpointed state, not the record.
+Vacuum keeps every version from the record on, and a new run of the pipeline
+resumes there instead of at ``start_version``. A reader records its version
+again at least every ``HEARTBEAT_S`` while it runs, so a live reader of a quiet
+table does not expire.
 """
 
 from __future__ import annotations
 
+import collections
 import time
 from typing import Any, Dict, Optional, Sequence, Union
 
@@ -62,7 +70,8 @@ VERSIONS_PER_FIRING = 16      # versions one timer firing emits at most while ca
 NAMESPACE = "beam_supertable"
 LATEST = "latest"
 PROGRESS = "progress"         # the tailing reader's output of versions emitted, for a consumer
-HEARTBEAT_S = 60.0            # an idle named reader records its version again this often
+HEARTBEAT_S = 60.0            # a named reader records its version again at least this often
+SETTLE_S = 10.0               # a version is recorded once it has been out this long
 
 
 class _Settings:
@@ -182,11 +191,14 @@ class _TailChanges(beam.DoFn):
             floor, version = stamp, version + 1
             doc = manifest._try_version(version)
         next_version.write(version)
+        done = self._end is not None and version > self._end
         if self._s.consumer is not None and (
-                not idle or time.monotonic() - self._told >= HEARTBEAT_S):
+                not idle or time.monotonic() - self._told >= SETTLE_S / 2):
+            # Idle, it still reports now and then: the record catches up with
+            # the last version out once that has settled.
             self._told = time.monotonic()
-            yield TaggedOutput(PROGRESS, version - 1)
-        if self._end is not None and version > self._end:
+            yield TaggedOutput(PROGRESS, (version - 1, done))
+        if done:
             return   # every version asked for is out
         # Idle: a version committed from now on carries a later time.
         now = Timestamp(micros=int(time.time() * 1_000_000))
@@ -222,26 +234,45 @@ class _TailChanges(beam.DoFn):
 
 
 class _RecordProgress(beam.DoFn):
-    """Records a named consumer's version once the runner finalizes the bundle that
-    carried it (after the covering checkpoint on Flink): a restored reader never
-    needs a version older than the one recorded."""
+    """Records a named consumer's version: the greatest one emitted ``SETTLE_S``
+    seconds ago or more, once the runner finalizes the bundle that reported it
+    (after the covering checkpoint on Flink). The last version of a read with an
+    end is recorded when it has settled too: the finalizer waits out the rest."""
 
     def __init__(self, settings: _Settings) -> None:
         self._s = settings
 
     def setup(self):
         self._table = self._s.open()
+        self._pending = collections.deque()   # (when reported, version), oldest first
+        self._written = (float("-inf"), None)   # (when, version) this reader last recorded
 
     def start_bundle(self):
-        self._bundle = None   # this bundle's greatest version, once a callback holds it
+        self._bundle = None   # [version, settles at]: what this bundle's callback records
 
-    def process(self, version, finalizer=beam.DoFn.BundleFinalizerParam):
+    def process(self, progress, finalizer=beam.DoFn.BundleFinalizerParam):
+        version, last = progress
+        now = time.monotonic()
+        self._pending.append((now, version))
+        settled, due = None, now
+        while self._pending and (last or self._pending[0][0] <= now - SETTLE_S):
+            at, settled = self._pending.popleft()
+            due = max(due, at + SETTLE_S) if last else due
+        if settled is None and self._written[1] is not None \
+                and now - self._written[0] >= HEARTBEAT_S:
+            settled = self._written[1]   # nothing new has settled: keep the record alive
+        if settled is None or (settled == self._written[1]
+                               and now - self._written[0] < HEARTBEAT_S):
+            return
+        self._written = (now, settled)
         if self._bundle is None:
-            held = self._bundle = [version]
-            finalizer.register(lambda: self._record(held[0]))
-        self._bundle[0] = max(self._bundle[0], version)
+            held = self._bundle = [settled, due]
+            finalizer.register(lambda: self._record(*held))
+        self._bundle[0] = max(self._bundle[0], settled)
+        self._bundle[1] = max(self._bundle[1], due)
 
-    def _record(self, version: int) -> None:
+    def _record(self, version: int, due: float) -> None:
+        time.sleep(max(0.0, due - time.monotonic()))
         named.record(self._table.store, self._s.consumer, version,
                      self._table.snapshot.manifest.clock())
 
@@ -269,11 +300,12 @@ class ReadChangesFromSupertable(beam.PTransform):
         poll_interval: seconds between looks for a new version while tailing.
         storage_options: fsspec options of the store.
         consumer: a name under which the table records how far this reader
-            has emitted (letters, digits, ``.``, ``_``, ``-``). Built for the
-            first time, it registers at ``start_version``; built again (a
-            restarted job), it resumes after the version it recorded, and
-            ``start_version`` may be omitted. Vacuum never removes a version a
-            live consumer still needs. See ``Supertable.consumers``.
+            has emitted (letters, digits, ``.``, ``_``, ``-``): the last
+            version out for ``SETTLE_S`` seconds, so a sink has committed it.
+            Built for the first time, it registers at ``start_version``; built
+            again (a restarted job), it resumes after the version it recorded,
+            and ``start_version`` may be omitted. Vacuum never removes a version
+            a live consumer still needs. See ``Supertable.consumers``.
 
     Raises (when the pipeline is built):
         VersionNotFoundError: ``start_version`` (or the consumer's version) was

@@ -142,13 +142,22 @@ class _CommitStream(beam.DoFn):
     @on_timer(FLUSH)
     def commit_due(self, key=beam.DoFn.KeyParam, tag=beam.DoFn.DynamicTimerTagParam,
                    buffer=beam.DoFn.StateParam(BUFFER), pinned=beam.DoFn.StateParam(PIN),
-                   front=beam.DoFn.StateParam(FRONT)):
+                   front=beam.DoFn.StateParam(FRONT), flush=beam.DoFn.TimerParam(FLUSH)):
         # The slot's end comes from the tag: Flink keeps timers in
         # milliseconds, so the firing's timestamp (the slot's end - 1 µs)
         # arrives as the slot's end - 1 ms, and the frontier recorded would
         # be 999 µs short of the DirectRunner's.
         now = int(tag) - 1
         self._set.discard(now + 1)
+        own = front.read()
+        if own is not None and now + 1 <= own:
+            # This run committed the slot already, and its token is spent: a
+            # change that arrived after that firing (a bundle that read the
+            # frontier before the firing wrote it, on a runner that runs them
+            # side by side) goes with the first slot above the frontier.
+            after = (own // COMMIT_SLOT_US + 1) * COMMIT_SLOT_US
+            flush.set(Timestamp(micros=after - 1), dynamic_timer_tag=str(after))
+            return
         due, pending = [], []
         for entry in buffer.read():
             (due if entry[0] <= now else pending).append(entry)
@@ -166,7 +175,6 @@ class _CommitStream(beam.DoFn):
         # the job's frontier; another writer's higher frontier is not taken
         # over: the commit then fails (FrontierError) instead of landing
         # changes below a frontier that says they are in.
-        own = front.read()
         if own is None:
             own = start_frontier or 0
         frontier = max(now + 1, own)

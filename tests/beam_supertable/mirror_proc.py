@@ -9,6 +9,7 @@ A restart resumes where the consumer's record says.
 """
 
 import sys
+import time
 
 import apache_beam as beam
 import pyarrow as pa
@@ -22,14 +23,13 @@ SCHEMA = pa.schema([("id", pa.int64()), ("label", pa.string())])
 
 
 class ChangeToCommand(beam.DoFn):
-    """A change -> an upsert command at its time: an insertion wins over a
-    retraction of its key at the same version (greater offset)."""
+    """A change -> an upsert command at its time. Changes arrive in version order
+    and two versions may share a time, so the offset is the order of arrival
+    (the system's monotonic clock: it keeps counting across a restart)."""
 
     def process(self, change, at=beam.DoFn.TimestampParam):
-        if change.diff > 0:
-            yield TimestampedValue(UpsertCommand(change.key, change.value, 1), at)
-        else:
-            yield TimestampedValue(UpsertCommand(change.key, None, 0), at)
+        row = change.value if change.diff > 0 else None
+        yield TimestampedValue(UpsertCommand(change.key, row, time.monotonic_ns()), at)
 
 
 def main(argv):

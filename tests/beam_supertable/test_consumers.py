@@ -23,9 +23,17 @@ from beam_supertable import (
     Consumer, ConsumerNotFoundError, ReadChangesFromSupertable, Supertable, VersionNotFoundError)
 from beam_supertable.cli import main as cli
 from beam_supertable.format.consumers import CONSUMERS
+from beam_supertable.transforms import read_changes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCHEMA = pa.schema([("id", pa.int64()), ("label", pa.string())])
+
+
+@pytest.fixture(autouse=True)
+def quick_settling(monkeypatch):
+    """In-process readers record what they emitted after 1 s, not the default 10 s
+    (the real processes below keep the default)."""
+    monkeypatch.setattr(read_changes, "SETTLE_S", 1.0)
 
 
 def _keyed(tmp_path, name="t", **kwargs):
@@ -361,15 +369,25 @@ def test_a_named_mirror_killed_and_restarted_under_vacuum_ends_equal_to_its_sour
     mirror = str(tmp_path / "mirror")
     stop = tmp_path / "stop-vacuum"
 
+    logs = []
+
     def mirror_proc():
-        return _spawn("mirror_proc", source.uri, mirror, "mirror", str(start),
-                      stderr=subprocess.DEVNULL)
+        logs.append(tmp_path / f"mirror{len(logs)}.log")
+        with open(logs[-1], "w") as log:
+            return _spawn("mirror_proc", source.uri, mirror, "mirror", str(start), stderr=log)
+
+    def last_log():
+        return logs[-1].read_text()[-3000:]
 
     def consumer_version():
         held = [c.version for c in Supertable.open(source.uri).consumers()]
         return held[0] if held else -1
 
     reader = mirror_proc()
+    registered = time.monotonic() + 120   # a vacuum before it registers would take its start
+    while consumer_version() < start and time.monotonic() < registered:
+        time.sleep(0.2)
+    assert consumer_version() == start, last_log()
     writers = [_spawn("keyed_proc", source.uri, "null", name, "30", "12", "1",
                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
                for name in ("w1", "w2")]
@@ -382,7 +400,7 @@ def test_a_named_mirror_killed_and_restarted_under_vacuum_ends_equal_to_its_sour
             w.stdin.write("go\n")
             w.stdin.flush()
         kills = 0
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + 300
         while kills < 2 and time.monotonic() < deadline:
             if consumer_version() >= start + 5 * (kills + 1):
                 reader.send_signal(signal.SIGKILL)
@@ -390,14 +408,15 @@ def test_a_named_mirror_killed_and_restarted_under_vacuum_ends_equal_to_its_sour
                 kills += 1
                 reader = mirror_proc()
             time.sleep(0.3)
-        assert kills == 2, "the mirror made no progress to kill it in"
+        assert kills == 2, f"the mirror made no progress to kill it in: {last_log()}"
         for w in writers:
             w.stdout.read()
             assert w.wait(timeout=240) == 0
         latest = Supertable.open(source.uri).version
+        deadline = time.monotonic() + 120   # it settles, then records
         while consumer_version() < latest and time.monotonic() < deadline:
             time.sleep(0.3)
-        assert consumer_version() == latest
+        assert consumer_version() == latest, last_log()
         stop.touch()
         out, err = vacuum.communicate(timeout=120)
         assert vacuum.returncode == 0, err[-3000:]
@@ -407,6 +426,7 @@ def test_a_named_mirror_killed_and_restarted_under_vacuum_ends_equal_to_its_sour
         def live(uri):
             return Supertable.open(uri).to_arrow(columns=["id", "label"]).sort_by("id")
         want = live(source.uri)
+        deadline = time.monotonic() + 120
         while not live(mirror).equals(want) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert live(mirror).to_pylist() == want.to_pylist()
