@@ -2,6 +2,7 @@
 
     python -m benchmarks.changes_bench                   # local directory and S3 (moto server)
     python -m benchmarks.changes_bench --backends local --rows 200000
+    python -m benchmarks.changes_bench --backends local --parts consumer --lag 10
 
 Range read: a keyed table of ``--rows`` rows (1,000,000 by default; an id, a
 label, a score and an 80-byte payload, appended in ten commits), then one
@@ -10,6 +11,12 @@ against the same answer found by diffing ``to_arrow()`` of versions ``v - 1``
 and ``v`` (two fresh handles; the rows whose ``_id`` is in one and not the
 other), interleaved, best of five: time and bytes read from the store (every
 GET and ranged read: manifests, parts, deletion vectors, superfiles).
+
+What a lagging consumer costs: on the same kind of table, a consumer recorded
+at the version after the appends, then ``--lag`` upserts of 1,000 keys (neighbouring
+runs, or keys drawn at random), then a dry-run ``vacuum(retain_versions=1,
+older_than=0)``: the versions and bytes the consumer holds (``held_versions``,
+``held_bytes``) against the table's superfiles, per version held.
 
 Tail latency: a DirectRunner pipeline tails the table with
 ``ReadChangesFromSupertable`` (``poll_interval`` 50 ms) while 40 one-row upserts
@@ -166,14 +173,58 @@ def tail_latency(uri, options):
     return float(np.percentile(lags, 50)), float(np.percentile(lags, 99))
 
 
+def consumer_cost(uri, options, rows, lag, shape, optimized=False):
+    """``(held versions, held bytes, superfile bytes of the latest version)`` of a
+    consumer ``lag`` upserts of ``UPSERT_ROWS`` keys behind (and an optimize that
+    rewrote the whole table, when ``optimized``)."""
+    rng = np.random.default_rng(3)
+    t = Supertable.create(uri, SCHEMA, primary_key="id", storage_options=options)
+    step = rows // 10
+    for start in range(0, rows, step):
+        t.append(_rows(np.arange(start, min(rows, start + step)), rng, "base"))
+    t.changes(t.version, t.version, consumer="lagging")   # registers it here
+    for i in range(lag):
+        if shape == "neighbouring keys":
+            first = int(rng.integers(0, rows - UPSERT_ROWS))
+            keys = np.arange(first, first + UPSERT_ROWS)
+        else:
+            keys = np.sort(rng.choice(rows, UPSERT_ROWS, replace=False))
+        t.upsert(_rows(keys, rng, f"lag{i}"))
+    if optimized:
+        t.optimize(target_file_bytes=4 * 2**30)   # every superfile is small: all rewritten
+    report = t.vacuum(retain_versions=1, older_than=0, dry_run=True)
+    assert len(report.held_versions) == lag + optimized, report.held_versions
+    return len(report.held_versions), report.held_bytes, sum(e["bytes"] for e in t.superfiles())
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", default="local,s3")
     parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--parts", default="range,consumer,tail",
+                        help="what to measure: range, consumer, tail (comma-separated)")
+    parser.add_argument("--lag", type=int, default=10,
+                        help="upserts a consumer lags behind (default 10)")
     args = parser.parse_args(argv)
+    parts = set(args.parts.split(","))
     for name in args.backends.split(","):
         with backend(name, "changes-bench-") as (uri, options):
-            table_bytes, shapes = range_read(f"{uri}/range", options, args.rows)
+            if "consumer" in parts:
+                cases = [("neighbouring keys", False), ("random keys", False),
+                         ("random keys", True)]
+                for i, (shape, optimized) in enumerate(cases):
+                    held, held_bytes, table_bytes = consumer_cost(
+                        f"{uri}/consumer{i}", options, args.rows, args.lag, shape, optimized)
+                    print(f"{name:5s} a consumer {args.lag} upserts of {UPSERT_ROWS:,} "
+                          f"{shape}{' and a full optimize' if optimized else ''} behind on {args.rows:,} rows ({table_bytes / 2**20:.1f} "
+                          f"MiB of superfiles) holds {held} versions, "
+                          f"{held_bytes / 2**20:.2f} MiB ({held_bytes / held / 2**20:.2f} MiB "
+                          f"a version, {100 * held_bytes / table_bytes:.1f} % of the table)",
+                          flush=True)
+            if "range" not in parts:
+                table_bytes, shapes = 0, {}
+            else:
+                table_bytes, shapes = range_read(f"{uri}/range", options, args.rows)
             for shape, best in shapes.items():
                 (fs, fb), (ds, db) = best["feed"], best["diff"]
                 print(f"{name:5s} changes of one {UPSERT_ROWS:,}-row upsert of {shape} on "
@@ -185,6 +236,8 @@ def main(argv=None):
                       f"{db / 2**20:7.2f} MiB read", flush=True)
                 print(f"{name:5s}   ratio: {ds / fs:.0f}x faster, {db / max(fb, 1):.0f}x fewer "
                       f"bytes", flush=True)
+            if "tail" not in parts:
+                continue
             p50, p99 = tail_latency(uri, options)
             print(f"{name:5s} tail latency, commit to emitted change (DirectRunner, poll 50 ms): "
                   f"p50 {p50:.0f} ms  p99 {p99:.0f} ms", flush=True)

@@ -544,13 +544,16 @@ class _ChangeToCommand(beam.DoFn):
             yield TimestampedValue(UpsertCommand(change.key, None, 0), at)
 
 
+@pytest.mark.parametrize("consumer", [None, "mirror"])
 def test_a_tailing_change_feed_resumes_from_a_checkpoint_after_a_killed_taskmanager(
-        cluster, tmp_path):
+        cluster, tmp_path, consumer):
     # A streaming job tails a table that a writer keeps changing and mirrors
     # its changes into a second table through UpsertToSupertable. Once a
     # checkpoint has completed and the mirror has a commit, the TaskManager
     # is SIGKILLed and replaced: Flink restores the reader's state (the next
     # version to emit) and timer, and the mirror must end equal to the table.
+    # A named reader does the same while another thread vacuums in a loop down
+    # to one version: the consumer's record keeps what the restored reader needs.
     import random
     import threading
 
@@ -577,20 +580,29 @@ def test_a_tailing_change_feed_resumes_from_a_checkpoint_after_a_killed_taskmana
                 keys = sorted(rng.sample(range(40), 4))
                 t.upsert(pa.table({"id": keys, "label": [f"v{i + 1}"] * 4}, schema=schema))
 
-    end = source.version + versions
+    start = source.version
+    end = start + versions
     mirror = str(tmp_path / "mirror")
+    removed = []
+
+    def vacuum():
+        t = Supertable.open(source.uri)
+        while not stop.wait(0.5):
+            removed.extend(t.vacuum(retain_versions=1, older_than=0).removed_versions)
     p = beam.Pipeline(options=_options(cluster, "--streaming", "--checkpointing_interval=1000",
                                        "--finish_bundle_before_checkpointing",
                                        "--shutdown_sources_after_idle_ms=90000"))
-    _ = (p | ReadChangesFromSupertable(source.uri, start_version=0, end_version=end,
-                                       poll_interval=0.1)
+    _ = (p | ReadChangesFromSupertable(source.uri, start_version=start, end_version=end,
+                                       poll_interval=0.1, consumer=consumer)
          | beam.ParDo(_ChangeToCommand())
          | UpsertToSupertable(mirror, schema=schema, primary_key="id", flavor="stateful"))
     result = p.run()
     victim = cluster.taskmanagers[-1]
     job_id = _wait_until_running(cluster)
-    thread = threading.Thread(target=writer)
-    thread.start()
+    threads = [threading.Thread(target=writer)] + (
+        [threading.Thread(target=vacuum)] if consumer else [])
+    for thread in threads:
+        thread.start()
     try:
         deadline = time.time() + 180
         while time.time() < deadline:
@@ -610,9 +622,14 @@ def test_a_tailing_change_feed_resumes_from_a_checkpoint_after_a_killed_taskmana
         result.wait_until_finish()
     finally:
         stop.set()
-        thread.join()
+        for thread in threads:
+            thread.join()
 
     assert cluster.job_exceptions(job_id), "the job went through no failure"
+    if consumer:
+        assert removed, "the vacuum removed nothing: it never raced the reader"
+        (held,) = Supertable.open(source.uri).consumers()
+        assert start <= held.version <= end
     assert cluster.rest(f"/jobs/{job_id}")["state"] == "FINISHED"
     assert cluster.rest(f"/jobs/{job_id}/checkpoints")["counts"]["restored"] >= 1
 
