@@ -48,6 +48,7 @@ from beam_supertable._version import __version__
 from beam_supertable.cli_text import (
     DURATION_UNITS, Progress, duration_text, format_inspection, plan_text, plural, ranges, size)
 from beam_supertable.errors import SupertableError
+from beam_supertable.format.consumers import check_name
 from beam_supertable.format.vacuum import DEFAULT_VACUUM_GRACE_S
 from beam_supertable.format.writer import TARGET_SUPERFILE_BYTES
 from beam_supertable.table.inspection import inspect_table
@@ -314,22 +315,30 @@ def _consumers(args: argparse.Namespace) -> Any:
         return doc, f"{args.uri}: no consumers"
     lines = [f"{args.uri}: {plural(len(listed), 'consumer')} "
              f"(expiry {duration_text(table.consumer_expiry.total_seconds())})"]
+    present = set(table._manifest._listed_versions())
     for c in listed:
         state = "expired, holds nothing" if c.expired else \
+            "its version was vacuumed, holds nothing" if c.version not in present else \
             f"holds versions {c.version}..{table.version}"
         lines.append(f"  {c.name}: version {c.version}, recorded "
                      f"{duration_text(round(c.age.total_seconds()))} ago; {state}")
     return doc, "\n".join(lines)
 
 
-def _drop_consumer(args: argparse.Namespace) -> Any:
-    if args.name and args.name_arg and args.name != args.name_arg:
+def _consumer_name(args: argparse.Namespace) -> str:
+    """drop-consumer's name, from ``--name`` or the last argument; a usage error
+    (exit 2) when missing, given twice or not a consumer name."""
+    if args.name is not None and args.name_arg is not None and args.name != args.name_arg:
         raise ValueError(f"the consumer twice: --name {args.name} and {args.name_arg}")
-    name = args.name or args.name_arg
-    if not name:
-        raise ValueError("drop-consumer: the consumer's name is required (--name NAME)")
-    _open(args).drop_consumer(name)
-    return {"uri": args.uri, "dropped": name}, f"{args.uri}: dropped consumer {name}"
+    name = args.name if args.name is not None else args.name_arg
+    if name is None:
+        raise ValueError("the following arguments are required: --name")
+    return check_name(name)
+
+
+def _drop_consumer(args: argparse.Namespace) -> Any:
+    _open(args).drop_consumer(args.name)
+    return {"uri": args.uri, "dropped": args.name}, f"{args.uri}: dropped consumer {args.name}"
 
 
 def _iceberg(args: argparse.Namespace) -> Any:
@@ -393,6 +402,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not args.uri:
         parser.exit(EXIT_USAGE, f"{prog}: error: the following arguments are required: "
                                 "--table\n")
+    if args.command == "drop-consumer":
+        try:
+            args.name = _consumer_name(args)
+        except ValueError as exc:
+            parser.exit(EXIT_USAGE, f"{prog}: error: {exc}\n")
     args.verbose = args.verbose or args.debug
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")

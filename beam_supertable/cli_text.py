@@ -183,8 +183,8 @@ def format_inspection(report: Dict[str, Any]) -> str:
                      f"{plural(tok['index_objects'], 'index object')}")
     con = report.get("consumers")
     if con and con["list"]:
-        named = ", ".join(f"{c['name']} at {c['version']}"
-                          + (" (expired)" if c["expired"] else "") for c in con["list"])
+        named = ", ".join(f"{c['name']} at {c['version']} ({duration_text(round(c['age_s']))} "
+                          f"ago{', expired' if c['expired'] else ''})" for c in con["list"])
         lines.append(f"  consumers   {named}; they hold "
                      f"{plural(con['held']['versions'], 'version')} "
                      f"({size(con['held']['bytes'])}) from vacuum; expiry "

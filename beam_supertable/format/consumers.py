@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import logging
 import re
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -29,6 +30,7 @@ CONSUMERS = f"{META}/consumers"
 CONSUMER_EXPIRY = "consumer_expiry"   # table property: seconds a silent consumer holds versions
 DEFAULT_CONSUMER_EXPIRY_S = 7 * 24 * 3600
 
+_LOG = logging.getLogger(__name__)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
@@ -102,34 +104,46 @@ def recorded(store: ObjectStore, name: str) -> Optional[int]:
 
 
 def _decode(data: bytes, where: str) -> Dict[str, Any]:
-    doc = unseal(data, where)
+    hint = "drop it with drop_consumer or `beam-supertable drop-consumer`"
+    try:
+        doc = unseal(data, where)
+    except CorruptManifestError as exc:
+        raise CorruptManifestError(f"{exc} ({hint})") from None
     if doc.get("kind") != "consumer" or isinstance(doc.get("version"), bool) \
-            or not isinstance(doc.get("version"), int) or epoch_of(doc.get("updated_at")) is None:
-        raise CorruptManifestError(f"{where}: not a consumer record (drop it with "
-                                   f"drop_consumer or `beam-supertable drop-consumer`)")
+            or not isinstance(doc.get("version"), int) or doc["version"] < 0 \
+            or epoch_of(doc.get("updated_at")) is None:
+        raise CorruptManifestError(f"{where}: not a consumer record ({hint})")
     return doc
 
 
 def listing(store: ObjectStore, now: float, expiry_s: float,
-            objects: Optional[Sequence[ObjectInfo]] = None) -> List[Consumer]:
-    """Every consumer of the table, by name, aged at ``now``.
+            objects: Optional[Sequence[ObjectInfo]] = None, *,
+            skip_unreadable: bool = False) -> List[Consumer]:
+    """Every consumer of the table, by name (its object's), aged at ``now``.
 
     ``objects``: the table's listing when the caller has one (a consumer
-    dropped since is skipped)."""
+    dropped since is skipped). ``skip_unreadable``: a record that is not one
+    is logged and left out (vacuum's choice: no reader can resume from it, so
+    it holds nothing) instead of raising ``CorruptManifestError``."""
     infos = store.list(CONSUMERS) if objects is None else \
         [i for i in objects if i.path.startswith(CONSUMERS + "/")]
     out = []
     for info in infos:
-        if not info.path.endswith(".json"):
+        name = info.path.rsplit("/", 1)[-1][:-len(".json")]
+        if not info.path.endswith(".json") or not _NAME.fullmatch(name):
             continue
         try:
-            data = store.get(info.path)
+            doc = _decode(store.get(info.path), f"{store.uri}/{info.path}")
         except FileNotFoundError:
             continue   # dropped since the listing
-        doc = _decode(data, f"{store.uri}/{info.path}")
+        except CorruptManifestError as exc:
+            if not skip_unreadable:
+                raise
+            _LOG.warning("%s; it holds no versions", exc)
+            continue
         at = epoch_of(doc["updated_at"])
         age = max(0.0, now - at)
-        out.append(Consumer(doc["name"], doc["version"],
+        out.append(Consumer(name, doc["version"],
                             datetime.datetime.fromtimestamp(at, datetime.timezone.utc),
                             datetime.timedelta(seconds=age), age >= expiry_s))
     return sorted(out, key=lambda c: c.name)

@@ -37,11 +37,15 @@ def retention_seconds(value: Any, what: str = "token_retention") -> float:
     """A token retention as seconds > 0 (a number of seconds or a ``timedelta``)."""
     if isinstance(value, datetime.timedelta):
         value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
-            or value != value or value == float("inf"):
+    try:
+        seconds = float(value) if isinstance(value, (int, float)) \
+            and not isinstance(value, bool) else None
+    except OverflowError:   # an int past a float's range
+        seconds = None
+    if seconds is None or not seconds > 0 or seconds == float("inf"):
         raise ValueError(f"{what} must be a positive number of seconds or a timedelta, "
                          f"got {value!r}")
-    return float(value)
+    return seconds
 
 
 def token_retention_of(properties: Dict[str, Any]) -> float:

@@ -188,7 +188,7 @@ class Vacuum:
         latest_doc = self._try_version(latest)
         properties = latest_doc.get("properties", {}) if latest_doc is not None else {}
         consumers = tuple(named.listing(self.store, now, named.consumer_expiry_of(properties),
-                                        objects))
+                                        objects, skip_unreadable=True))
         floor = named.held_from(consumers, ordered)
         held = {v for v in ordered if floor is not None and v >= floor} - keep
         keep |= held
@@ -247,11 +247,15 @@ class Vacuum:
 
     def _needs_replan(self, plan: "VacuumPlan") -> bool:
         """Whether a consumer recorded since ``plan`` was made needs a version it removes."""
-        seen = {(c.name, c.version) for c in plan.consumers}
-        now = self.clock()
-        fresh = named.listing(self.store, now, float("inf"))
-        return any((c.name, c.version) not in seen and c.version <= max(plan.removed_versions)
-                   for c in fresh)
+        seen = {(c.name, c.version) for c in plan.consumers if not c.expired}
+        latest = self._try_version(self.latest_version()) or {}
+        fresh = named.listing(self.store, self.clock(),
+                              named.consumer_expiry_of(latest.get("properties", {})),
+                              skip_unreadable=True)
+        # A consumer that registered, moved back or came back to life (an expired
+        # one that recorded again) since the plan.
+        return any(not c.expired and (c.name, c.version) not in seen
+                   and c.version <= max(plan.removed_versions) for c in fresh)
 
     def _past_tokens(self, objects: Sequence[ObjectInfo], removed_versions: Sequence[int],
                      kept_at: Dict[int, Optional[float]], horizon: float, period: float

@@ -71,16 +71,27 @@ def read(handle: TableHandle, name: str, start_version: Optional[int],
          filter: Optional[pc.Expression],  # noqa: A002
          consolidate_changes: bool) -> pa.Table:
     """The changes after consumer ``name``'s version up to ``end_version``; then the
-    consumer is at ``end_version``."""
+    consumer is at ``end_version``. An end at or before its version reads nothing
+    and leaves the version as it is, but counts as a sign of life (the record is
+    written again, so a poller of a quiet table never expires)."""
     where = "changes"
+    if end_version is not None and end_version != "latest" and (
+            isinstance(end_version, bool) or not isinstance(end_version, int)
+            or end_version < 0):
+        raise ValueError(f"{where}: end_version must be an int >= 0, 'latest' or None, got "
+                         f"{end_version!r}")
     start, known = resume(handle, name, start_version, where)
     latest = handle.snapshot.manifest.latest_version()
     end = latest if end_version is None or end_version == "latest" else end_version
     if not known:
-        feed.versions_between(handle, start, end)   # bad arguments before anything is recorded
+        # Every argument checked before anything is recorded: a refused first read
+        # registers nothing.
+        feed.versions_between(handle, start, end)
+        first = feed.load(handle, start)
+        feed.change_columns(first, columns)
+        feed.check_filter(first.schema, filter)
         register(handle, name, start, where)
-    out = feed.changes(handle, start, max(start, end) if isinstance(end, int) else end,
-                       columns=columns, filter=filter, consolidate_changes=consolidate_changes)
-    if isinstance(end, int) and end > start:
-        named.record(handle.store, name, end, handle.snapshot.manifest.clock())
+    out = feed.changes(handle, start, max(start, end), columns=columns, filter=filter,
+                       consolidate_changes=consolidate_changes)
+    named.record(handle.store, name, max(start, end), handle.snapshot.manifest.clock())
     return out

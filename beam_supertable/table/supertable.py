@@ -795,7 +795,8 @@ class Supertable:
 
     def drop_consumer(self, name: str) -> None:
         """Forgets consumer ``name``: vacuum stops holding versions for it, and a reader
-        using the name again starts from its ``start_version``.
+        using the name again starts from its ``start_version``. A Beam reader still
+        running under the name stops recording (stop it first).
 
         Raises:
             ConsumerNotFoundError: no consumer of that name (a ``LookupError``).

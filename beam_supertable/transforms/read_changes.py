@@ -40,6 +40,7 @@ table does not expire.
 from __future__ import annotations
 
 import collections
+import logging
 import time
 from typing import Any, Dict, Optional, Sequence, Union
 
@@ -64,6 +65,8 @@ from beam_supertable.table.supertable import Supertable
 from beam_upsert.model import Change
 
 __all__ = ["DEFAULT_POLL_INTERVAL", "ReadChangesFromSupertable"]
+
+_LOG = logging.getLogger(__name__)
 
 DEFAULT_POLL_INTERVAL = 1.0   # seconds between looks for a new version while tailing
 VERSIONS_PER_FIRING = 16      # versions one timer firing emits at most while catching up
@@ -246,6 +249,7 @@ class _RecordProgress(beam.DoFn):
         self._table = self._s.open()
         self._pending = collections.deque()   # (when reported, version), oldest first
         self._written = (float("-inf"), None)   # (when, version) this reader last recorded
+        self._dropped = False
 
     def start_bundle(self):
         self._bundle = None   # [version, settles at]: what this bundle's callback records
@@ -273,8 +277,18 @@ class _RecordProgress(beam.DoFn):
 
     def _record(self, version: int, due: float) -> None:
         time.sleep(max(0.0, due - time.monotonic()))
-        named.record(self._table.store, self._s.consumer, version,
-                     self._table.snapshot.manifest.clock())
+        store, name = self._table.store, self._s.consumer
+        held = named.recorded(store, name)
+        if held is None:
+            # Dropped while this reader runs: it is not brought back (vacuum no
+            # longer waits for this reader, which fails if it falls behind one).
+            if not self._dropped:
+                self._dropped = True
+                _LOG.warning("%s: consumer %r was dropped while its reader ran; its "
+                             "position is no longer recorded", self._s.uri, name)
+            return
+        if held <= version:   # a record never moves back
+            named.record(store, name, version, self._table.snapshot.manifest.clock())
 
 
 class ReadChangesFromSupertable(beam.PTransform):
@@ -338,12 +352,12 @@ class ReadChangesFromSupertable(beam.PTransform):
         latest = table.version
         if end_version == LATEST:
             end_version = latest
-        known = False
+        known = behind = False
         if consumer is not None:
             start_version, known = feed_consumers.resume(table, consumer, start_version, where)
-            if known and isinstance(end_version, int) and not isinstance(end_version, bool) \
-                    and end_version < start_version:
-                start_version = end_version   # it has read past the end asked for: nothing left
+            # It has read past the end asked for: nothing to read, and its record stays.
+            behind = known and isinstance(end_version, int) \
+                and not isinstance(end_version, bool) and 0 <= end_version < start_version
         for name, value in (("start_version", start_version), ("end_version", end_version)):
             if (value is not None or name == "start_version") and (
                     isinstance(value, bool) or not isinstance(value, int) or value < 0):
@@ -353,9 +367,12 @@ class ReadChangesFromSupertable(beam.PTransform):
         if start_version > latest:
             raise VersionNotFoundError(f"{where}: {uri}: start_version {start_version} does "
                                        f"not exist yet (the latest version is {latest})")
-        feed.versions_between(table, start_version,
-                              latest if end_version is None else min(end_version, latest))
-        start = feed.load(table, start_version)   # a vacuumed start is refused here
+        if not behind:
+            feed.versions_between(table, start_version,
+                                  latest if end_version is None else min(end_version, latest))
+        # A vacuumed start is refused here; a reader with nothing left checks its
+        # columns and filter against the latest version.
+        start = feed.load(table, latest if behind else start_version)
         if isinstance(columns, str):
             columns = [columns]
         names = feed.change_columns(start, columns)
@@ -366,6 +383,7 @@ class ReadChangesFromSupertable(beam.PTransform):
         self._settings = _Settings(uri, storage_options, read, filter, row_columns, key,
                                    start.schema, consumer)
         self._start, self._end, self._latest = start_version, end_version, latest
+        self._behind = behind
         self._poll = float(poll_interval)
         if consumer is not None and not known:
             feed_consumers.register(table, consumer, start_version, where)
@@ -376,6 +394,8 @@ class ReadChangesFromSupertable(beam.PTransform):
         return self._end is not None and self._end <= self._latest
 
     def expand(self, pbegin):
+        if self._behind:
+            return pbegin | "Nothing" >> beam.Create([]).with_output_types(Change)
         if self.bounded and self._settings.consumer is None:
             return (pbegin
                     | "Start" >> beam.Create([None])

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from beam_supertable import (
     Consumer, ConsumerNotFoundError, ReadChangesFromSupertable, Supertable, VersionNotFoundError)
 from beam_supertable.cli import main as cli
+from beam_supertable.format import consumers as named
 from beam_supertable.format.consumers import CONSUMERS
 from beam_supertable.transforms import read_changes
 
@@ -189,8 +190,43 @@ def test_a_refused_first_read_registers_no_consumer(tmp_path):
     t.vacuum(retain_versions=1, older_than=0)
     with pytest.raises(VersionNotFoundError, match="removed by vacuum"):
         t.changes(1, consumer="c")
+    with pytest.raises(Exception, match="nope"):
+        t.changes(t.version, consumer="c", columns=["nope"])
+    with pytest.raises(Exception):
+        t.changes(t.version, consumer="c", filter=pc.field("nope") > 1)
     assert t.consumers() == []
     assert not t.store.list(CONSUMERS)
+    t.changes(t.version, consumer="c")
+    for bad in (-1, True, "3", 2.5):
+        with pytest.raises(ValueError, match="end_version"):
+            t.changes(consumer="c", end_version=bad)
+
+
+def test_a_poller_of_a_quiet_table_stays_alive(tmp_path):
+    t = _keyed(tmp_path)
+    t.changes(t.version, consumer="poller")
+    clock = t._manifest.clock
+    t._manifest.clock = lambda: clock() + 3 * 86400
+    assert t.changes(consumer="poller").num_rows == 0   # nothing new, but it polled
+    t._manifest.clock = lambda: clock() + 8 * 86400
+    (c,) = t.consumers()
+    assert not c.expired and c.age < datetime.timedelta(days=6)
+
+
+def test_a_named_pipeline_asked_to_end_before_its_record_reads_nothing_and_keeps_it(
+        tmp_path):
+    t = _keyed(tmp_path)
+    start = t.version
+    for i in range(4):
+        _upsert(t, i)
+    t.changes(start, consumer="job")                      # at start + 4
+    t.vacuum(retain_versions=1, older_than=0)             # start .. start + 3 are gone
+    out = tmp_path / "behind.jsonl"
+    with beam.Pipeline() as p:
+        _ = (p | ReadChangesFromSupertable(t.uri, end_version=start + 1, consumer="job")
+             | beam.ParDo(_Collect(str(out))))
+    assert not out.exists()
+    assert t.consumers()[0].version == start + 4
 
 
 # -- what vacuum keeps -----------------------------------------------------------------
@@ -286,13 +322,27 @@ def test_consumers_never_block_optimize(tmp_path):
     assert t.consumers()[0].version == t.version
 
 
-def test_a_corrupt_consumer_record_is_named_and_can_be_dropped(tmp_path):
+def test_a_corrupt_consumer_record_is_named_holds_nothing_and_can_be_dropped(
+        tmp_path, caplog):
     t = _keyed(tmp_path)
+    _upsert(t, 1)
     t.store.put(f"{CONSUMERS}/broken.json", b"{not json")
-    with pytest.raises(Exception, match="broken.json"):
-        t.vacuum(retain_versions=1, older_than=0)
+    with pytest.raises(Exception, match="broken.json.*drop-consumer"):
+        t.consumers()
+    # No reader can resume from it: vacuum says so and goes on.
+    assert t.vacuum(retain_versions=1, older_than=0).removed_versions
+    assert "broken.json" in caplog.text
     t.drop_consumer("broken")
-    t.vacuum(retain_versions=1, older_than=0)
+    assert t.consumers() == []
+
+
+def test_a_consumer_is_listed_by_its_object_name(tmp_path):
+    t = _keyed(tmp_path)
+    t.changes(t.version, consumer="good")
+    t.store.put(f"{CONSUMERS}/copy.json", t.store.get(f"{CONSUMERS}/good.json"))
+    assert [c.name for c in t.consumers()] == ["copy", "good"]
+    t.drop_consumer("copy")
+    assert [c.name for c in t.consumers()] == ["good"]
 
 
 def test_inspect_and_the_cli_list_consumers(tmp_path, capsys):
@@ -322,6 +372,17 @@ def test_inspect_and_the_cli_list_consumers(tmp_path, capsys):
     assert cli(["drop-consumer", "--table", t.uri, "--name", "mirror"]) == 1
     assert "no consumer named 'mirror'" in capsys.readouterr().err
     assert t.consumers() == []
+    for usage in (["--table", t.uri], ["--table", t.uri, "--name", ""],
+                  ["--table", t.uri, "--name", "../x"], ["--table", t.uri, "--name", "a", "b"]):
+        with pytest.raises(SystemExit) as exit_:
+            cli(["drop-consumer", *usage])
+        assert exit_.value.code == 2
+        assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    t.vacuum(retain_versions=1, older_than=0)
+    gone = min(_listed_versions(t)) - 1
+    named.record(t.store, "ghost", gone, t._manifest.clock())   # a version vacuumed since
+    assert cli(["consumers", "--table", t.uri]) == 0
+    assert "ghost: version" in (text := capsys.readouterr().out) and "holds nothing" in text
 
 
 # -- a model of what vacuum keeps --------------------------------------------------------
