@@ -129,9 +129,10 @@ def listing(store: ObjectStore, now: float, expiry_s: float,
         [i for i in objects if i.path.startswith(CONSUMERS + "/")]
     out = []
     for info in infos:
-        name = info.path.rsplit("/", 1)[-1][:-len(".json")]
-        if not info.path.endswith(".json") or not _NAME.fullmatch(name):
-            continue
+        folder, _, file = info.path.rpartition("/")
+        name = file[:-len(".json")]
+        if folder != CONSUMERS or not file.endswith(".json") or not _NAME.fullmatch(name):
+            continue   # not a record drop_consumer could remove
         try:
             doc = _decode(store.get(info.path), f"{store.uri}/{info.path}")
         except FileNotFoundError:

@@ -33,6 +33,9 @@ TOKEN_RETENTION = "token_retention"   # table property: seconds a token is remem
 DEFAULT_TOKEN_RETENTION_S = 7 * 24 * 3600
 
 
+MAX_RETENTION_S = 100 * 365 * 86400   # past this, dates overflow (and it means "for ever")
+
+
 def retention_seconds(value: Any, what: str = "token_retention") -> float:
     """A token retention as seconds > 0 (a number of seconds or a ``timedelta``)."""
     if isinstance(value, datetime.timedelta):
@@ -42,9 +45,9 @@ def retention_seconds(value: Any, what: str = "token_retention") -> float:
             and not isinstance(value, bool) else None
     except OverflowError:   # an int past a float's range
         seconds = None
-    if seconds is None or not seconds > 0 or seconds == float("inf"):
-        raise ValueError(f"{what} must be a positive number of seconds or a timedelta, "
-                         f"got {value!r}")
+    if seconds is None or not 0 < seconds <= MAX_RETENTION_S:
+        raise ValueError(f"{what} must be a positive number of seconds (at most 100 years) "
+                         f"or a timedelta, got {value!r}")
     return seconds
 
 

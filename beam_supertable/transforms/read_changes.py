@@ -56,7 +56,7 @@ from apache_beam.pvalue import TaggedOutput
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Duration, Timestamp
 
-from beam_supertable.errors import VersionNotFoundError
+from beam_supertable.errors import CorruptManifestError, VersionNotFoundError
 from beam_supertable.format import consumers as named
 from beam_supertable.format.schema import ID
 from beam_supertable.table import changes as feed
@@ -278,7 +278,10 @@ class _RecordProgress(beam.DoFn):
     def _record(self, version: int, due: float) -> None:
         time.sleep(max(0.0, due - time.monotonic()))
         store, name = self._table.store, self._s.consumer
-        held = named.recorded(store, name)
+        try:
+            held = named.recorded(store, name)
+        except CorruptManifestError:
+            held = -1   # unreadable: this reader's record replaces it
         if held is None:
             # Dropped while this reader runs: it is not brought back (vacuum no
             # longer waits for this reader, which fails if it falls behind one).
@@ -287,8 +290,9 @@ class _RecordProgress(beam.DoFn):
                 _LOG.warning("%s: consumer %r was dropped while its reader ran; its "
                              "position is no longer recorded", self._s.uri, name)
             return
-        if held <= version:   # a record never moves back
-            named.record(store, name, version, self._table.snapshot.manifest.clock())
+        # Written even below what is recorded: a job restored from an older
+        # checkpoint or savepoint needs the versions from its own position on.
+        named.record(store, name, version, self._table.snapshot.manifest.clock())
 
 
 class ReadChangesFromSupertable(beam.PTransform):

@@ -286,9 +286,11 @@ def test_set_consumer_expiry_is_one_commit_and_refuses_nonsense(tmp_path):
     assert t.set_consumer_expiry(120) == v + 1
     assert t.set_consumer_expiry(datetime.timedelta(minutes=2)) == v + 1
     assert Supertable.open(t.uri).consumer_expiry == datetime.timedelta(minutes=2)
-    for bad in (0, -1, float("nan"), "7d", True):
+    for bad in (0, -1, float("nan"), float("inf"), "7d", True, 10 ** 20, 1e308, 10 ** 400,
+                datetime.timedelta.max):
         with pytest.raises(ValueError, match="consumer_expiry must be"):
             t.set_consumer_expiry(bad)
+    assert t.version == v + 1 and t.consumer_expiry == datetime.timedelta(minutes=2)
 
 
 def test_a_dropped_consumer_is_gone_and_an_unknown_one_is_refused(tmp_path):
@@ -342,6 +344,10 @@ def test_a_consumer_is_listed_by_its_object_name(tmp_path):
     t.store.put(f"{CONSUMERS}/copy.json", t.store.get(f"{CONSUMERS}/good.json"))
     assert [c.name for c in t.consumers()] == ["copy", "good"]
     t.drop_consumer("copy")
+    assert [c.name for c in t.consumers()] == ["good"]
+    # Only what drop_consumer could remove is a consumer.
+    for stray in ("sub/nested.json", ".hidden.json", "bad name.json", "good.txt"):
+        t.store.put(f"{CONSUMERS}/{stray}", t.store.get(f"{CONSUMERS}/good.json"))
     assert [c.name for c in t.consumers()] == ["good"]
 
 
