@@ -75,9 +75,18 @@ def test_a_tailing_reader_behind_a_vacuum_fails_fast_unless_it_is_a_named_consum
         time.sleep(2)
         for i in range(12):
             t.upsert(pa.table({"id": [i % 10], "label": [f"v{i + 1}"]}))
+            if i == 0:
+                # The reader is behind from here on: it took the first version and
+                # sleeps its poll interval while five more land and the vacuum runs.
+                deadline = time.monotonic() + 60
+                while not out.exists() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                time.sleep(0.3)
+                continue
             if i == 5:
                 t.vacuum(retain_versions=1, older_than=datetime.timedelta(0))
-            time.sleep(0.2)
+            if i >= 5:
+                time.sleep(0.2)
 
     outcome = {}
 
