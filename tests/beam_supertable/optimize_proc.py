@@ -28,9 +28,17 @@ def main(argv):
     sys.stdin.readline()
     for _ in range(rounds):
         table.refresh()
+        before = table.version
         version = table.optimize()
         print(json.dumps({"version": version}), flush=True)
-        time.sleep(0.05)
+        # The next round waits (a while) for a writer's commit, so that each round has
+        # something to rewrite however fast the writers are on a loaded machine.
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            table.refresh()
+            if table.version > (before if version is None else version):
+                break
     print(f"RACED {raced.count}", flush=True)
     print("DONE", flush=True)
 
