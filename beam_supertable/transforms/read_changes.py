@@ -258,10 +258,10 @@ class _RecordProgress(beam.DoFn):
         version, last = progress
         now = time.monotonic()
         self._pending.append((now, version))
-        settled, due = None, now
+        # The last version of a read with an end settles from now: its callback waits.
+        settled, due = None, now + SETTLE_S if last else now
         while self._pending and (last or self._pending[0][0] <= now - SETTLE_S):
-            at, settled = self._pending.popleft()
-            due = max(due, at + SETTLE_S) if last else due
+            settled = self._pending.popleft()[1]
         if settled is None and self._written[1] is not None \
                 and now - self._written[0] >= HEARTBEAT_S:
             settled = self._written[1]   # nothing new has settled: keep the record alive
