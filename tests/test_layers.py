@@ -41,7 +41,8 @@ SUPERTABLE_LAYERS = {
     ICEBERG: {"iceberg"},
     TABLE: {"table"},
     BEAM: {"__init__", "__main__", "cli", "cli_text", "transforms", "testing", "rag"},
-    JOBS: {"jobs"},   # the templated jobs; pipelines/ holds their repository entry points
+    JOBS: {"jobs", "yaml"},   # the templated jobs (pipelines/ holds their entry points)
+    # and the Beam YAML providers
 }
 TOP_LEVEL_LIMIT = 12
 LINE_LIMIT = 600
