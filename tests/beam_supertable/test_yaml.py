@@ -1,0 +1,212 @@
+"""Beam YAML pipelines over supertables, from the shipped ``providers.yaml``.
+
+The pipelines are real YAML files run by ``python -m apache_beam.yaml.main`` in
+a subprocess on the DirectRunner: the example of docs/guides/beam-yaml.md
+writes a table (one row rejected onto ``error_handling``'s output) and upserts
+commands into a keyed table; ``yaml_pipelines/follow_up.yaml`` reads, searches
+and follows them and upserts a second batch (offsets, deletes, a refused
+command); ``yaml_pipelines/checked.yaml`` carries Beam YAML's inline tests,
+run as ``main --tests`` runs them. The inline tests, the failure without
+``error_handling`` and the construction errors run in-process, where they
+cost no interpreter start.
+"""
+
+import glob
+import importlib.util
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from beam_supertable import Supertable
+from beam_supertable.yaml import PROVIDERS, TRANSFORMS
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PIPELINES = pathlib.Path(__file__).resolve().parent / "yaml_pipelines"
+GUIDE = ROOT / "docs" / "guides" / "beam-yaml.md"
+
+# Beam YAML imports its own extras (apache-beam[yaml]); the test extra names them.
+pytestmark = pytest.mark.skipif(
+    not all(importlib.util.find_spec(m) for m in ("docstring_parser", "jinja2", "pandas")),
+    reason="Beam YAML needs apache-beam[yaml] (pip install -e '.[test]')")
+
+
+def guide_pipeline() -> str:
+    """The first YAML block of the guide: the pipeline a reader runs first."""
+    return re.search(r"```yaml\n(.*?)```", GUIDE.read_text(), re.S).group(1)
+
+
+def run_yaml(pipeline: pathlib.Path, out: pathlib.Path, *extra: str):
+    variables = json.dumps({"providers": PROVIDERS, "out": str(out)})
+    return subprocess.run(
+        [sys.executable, "-m", "apache_beam.yaml.main", f"--yaml_pipeline_file={pipeline}",
+         f"--jinja_variables={variables}", *extra],
+        capture_output=True, text=True, timeout=600, cwd=out)
+
+
+def lines(out: pathlib.Path, name: str):
+    found = []
+    for path in sorted(glob.glob(str(out / name) + "*")):
+        with open(path) as f:
+            found.extend(json.loads(line) for line in f if line.strip())
+    return found
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    """The guide's pipeline, run once: the tables the other tests read."""
+    out = tmp_path_factory.mktemp("yaml")
+    pipeline = out / "pipeline.yaml"
+    pipeline.write_text(guide_pipeline())
+    done = run_yaml(pipeline, out)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def test_the_shipped_provider_file_names_every_transform():
+    import yaml
+
+    assert os.path.isfile(PROVIDERS)
+    (provider,) = yaml.safe_load(pathlib.Path(PROVIDERS).read_text())
+    assert provider["type"] == "python" and "packages" not in provider.get("config", {})
+    assert provider["transforms"] == TRANSFORMS
+    # The guide's written-out form is the same block.
+    assert all(f"{name}: {target}" in GUIDE.read_text() for name, target in TRANSFORMS.items())
+    done = subprocess.run([sys.executable, "-m", "beam_supertable.yaml"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == PROVIDERS
+
+
+def test_the_guide_pipeline_writes_rejects_onto_its_output_and_upserts(written):
+    docs = Supertable.open(str(written / "docs"))
+    assert sorted(r["id"] for r in docs.to_arrow().to_pylist()) == [1, 2, 3]
+    assert [str(f.type) for f in docs.user_schema] == [
+        "int64", "string", "double", "fixed_size_list<item: float>[4]"]
+    assert lines(written, "commits.json") == [
+        {"version": 1, "rows": 3, "superfiles": 1, "deduplicated": False}]
+    (rejected,) = lines(written, "rejected.json")
+    assert rejected["element"] == {"id": 4, "topic": "too short", "v": 4.5, "emb": [0.9, 0.2]}
+    assert rejected["msg"] == "row with id 4: column 'emb' expects 4 float32 values, got 2"
+    sensors = Supertable.open(str(written / "sensors"))
+    assert sensors.primary_key == ["sensor"]
+    assert sensors.user_schema.names == ["sensor", "reading", "t"]   # not seq, gone
+    assert sensors.frontier == 10_000_001
+
+
+def test_a_second_pipeline_reads_searches_follows_and_upserts_with_offsets_and_deletes(
+        written):
+    done = run_yaml(PIPELINES / "follow_up.yaml", written)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(lines(written, "read.json"), key=lambda r: r["id"]) == [
+        {"id": 2, "topic": "sea", "v": 2.5}, {"id": 3, "topic": "space rocks", "v": 3.5}]
+    (found,) = lines(written, "search.json")
+    assert found["q"] == 1 and [r["id"] for r in found["results"]] == [3, 2]
+    assert found["results"][0]["distance"] == pytest.approx(0.0, abs=1e-6)
+    (unsearchable,) = lines(written, "unsearchable.json")
+    assert unsearchable["element"] == {"q": 2, "vec": [0.9, 0.2]}
+    assert "query vector(s) must have 4 values" in unsearchable["msg"]
+    # The feed as of the version the pipeline was built on: the first batch.
+    assert sorted((c["sensor"], c["reading"], c["diff"])
+                  for c in lines(written, "changes.json")) == [
+        ("a", 1, 1), ("b", 2, 1), ("c", 3, 1)]
+    # Per key at one time the greatest offset wins: a -> 11; b deleted; c's
+    # delete (offset 5) beats its put (offset 4); d is new; e has no offset.
+    table = Supertable.open(str(written / "sensors"))
+    assert sorted((r["sensor"], r["reading"]) for r in table.to_arrow().to_pylist()) == [
+        ("a", 11), ("d", 4)]
+    assert table.frontier == 20_000_001
+    (refused,) = lines(written, "refused.json")
+    assert refused["element"] == {"sensor": "e", "reading": 5, "seq": None, "t": 20,
+                                  "gone": False}
+    assert refused["msg"].endswith("offset field 'seq' is null")
+    assert [c["version"] for c in lines(written, "upsert-commits.json")] == [2]
+
+
+def test_the_pipeline_file_inline_tests_pass_on_the_written_table(written):
+    testing = pytest.importorskip("apache_beam.yaml.yaml_testing",
+                                  reason="this apache-beam runs no inline YAML tests")
+    import jinja2
+    import yaml
+    from apache_beam.yaml.yaml_utils import SafeLineLoader
+
+    # What ``main --tests`` does with the file, in this process: fill in the
+    # template variables, then run each test of its ``tests:`` block.
+    text = jinja2.Template((PIPELINES / "checked.yaml").read_text()).render(
+        providers=PROVIDERS, out=str(written))
+    spec = yaml.load(text, Loader=SafeLineLoader)
+    (test,) = spec["tests"]
+    testing.run_test(spec, test)
+    broken = dict(test, expected_inputs=[dict(test["expected_inputs"][0], elements=[
+        {"id": 2, "topic": "sea"}])])
+    with pytest.raises(Exception):   # the check can fail: a row too many
+        testing.run_test(spec, broken)
+
+
+# -- in-process: failures ------------------------------------------------------------
+def expand(spec: str, tmp_path):
+    import apache_beam as beam
+    from apache_beam.yaml.yaml_transform import expand_pipeline
+
+    text = spec.replace("OUT", str(tmp_path)).replace("PROVIDERS", PROVIDERS)
+    with beam.Pipeline("DirectRunner") as p:
+        expand_pipeline(p, text)
+
+
+ROWS = """
+pipeline:
+  type: chain
+  transforms:
+    - type: Create
+      config:
+        elements:
+          - {id: 1, emb: [0.1, 0.2]}
+          - {id: 2, emb: [0.1]}
+    - type: WriteToSupertable
+      config: CONFIG
+providers:
+  - include: PROVIDERS
+"""
+
+
+def test_without_error_handling_a_rejected_row_fails_the_pipeline_naming_it(tmp_path):
+    with pytest.raises(Exception, match=r"row with id 2: column 'emb' expects 2 float32 "
+                                        r"values, got 1 \(route rejected rows with "
+                                        r"error_handling"):
+        expand(ROWS.replace("CONFIG", "{uri: OUT/t, vector_column: emb, vector_dim: 2}"),
+               tmp_path)
+    assert not os.path.exists(tmp_path / "t" / "_supertable" / "versions" / "1.json") \
+        or Supertable.open(str(tmp_path / "t")).version == 0
+
+
+@pytest.mark.parametrize("config, message", [
+    ("{uri: OUT/t, vector_column: emb}",
+     "vector column 'emb' needs the vectors' length, which a Beam schema does not carry: "
+     "add vector_dim: N"),
+    ("{uri: ' ', vector_column: emb}", "WriteToSupertable: uri must name a table, got ' '"),
+])
+def test_a_config_mistake_fails_while_the_pipeline_is_built(tmp_path, config, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        expand(ROWS.replace("CONFIG", config), tmp_path)
+    assert not os.path.exists(tmp_path / "t")
+
+
+def test_reads_refuse_a_bad_filter_and_an_unknown_column(written, tmp_path):
+    source = """
+pipeline:
+  type: chain
+  transforms:
+    - type: ReadFromSupertable
+      config: CONFIG
+    - type: LogForTesting
+providers:
+  - include: PROVIDERS
+"""
+    docs = written / "docs"
+    with pytest.raises(ValueError, match="ReadFromSupertable: filter: cannot read 'v >>> 2'"):
+        expand(source.replace("CONFIG", f"{{uri: {docs}, filter: 'v >>> 2'}}"), tmp_path)
+    with pytest.raises(ValueError, match=r"unknown column\(s\) \['nope'\]"):
+        expand(source.replace("CONFIG", f"{{uri: {docs}, columns: [nope]}}"), tmp_path)
