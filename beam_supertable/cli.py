@@ -1,5 +1,8 @@
 """The command line: ``python -m beam_supertable {inspect,optimize,vacuum,iceberg,consumers,drop-consumer} --table URI``.
 
+``python -m beam_supertable template-spec JOB`` prints a job's Dataflow Flex
+Template metadata (:mod:`beam_supertable.jobs.template_spec`).
+
 Installed, the same is the console script ``beam-supertable``::
 
     python -m beam_supertable inspect --table /data/docs
@@ -35,6 +38,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import importlib
 import json
 import logging
 import os
@@ -249,6 +253,14 @@ def build_parser() -> argparse.ArgumentParser:
     register.add_argument("--catalog-name", default="default", metavar="NAME",
                           help="the catalog's name, as pyiceberg's SqlCatalog(NAME, uri=...) "
                                "is opened (default: default)")
+    spec = commands.add_parser(
+        "template-spec", help="Print a job's Dataflow Flex Template metadata (JSON), made "
+                              "from the job's flags.",
+        description="Print a job's Dataflow Flex Template metadata (JSON), made from the "
+                    "job's flags: the --metadata-file of gcloud dataflow flex-template build.",
+        formatter_class=_HelpFormatter, allow_abbrev=False)
+    spec.add_argument("job", metavar="JOB", help="the job's console script (beam-supertable-load, "
+                                                 "...) or module (load_supertable, ...)")
     return parser
 
 
@@ -393,6 +405,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     prog = f"{PROG} {args.command}"
+    if args.command == "template-spec":
+        # The jobs sit above this module's layer: reached by name, as _launch does.
+        spec = importlib.import_module("beam_supertable.jobs.template_spec")
+        return spec.main([args.job], prog=prog)
     if args.command == "drop-consumer" and args.table and args.uri and not args.name_arg:
         args.name_arg, args.uri = args.uri, None   # drop-consumer --table URI NAME
     if args.table and args.uri and args.table != args.uri:

@@ -61,7 +61,8 @@ def quiet_logging(verbose: bool = False) -> None:
 def launch(job: str, argv: Optional[List[str]] = None) -> int:
     """Runs ``beam_supertable.jobs.<job>``'s ``main(argv)``; returns its exit status."""
     args = sys.argv[1:] if argv is None else list(argv)
-    quiet_logging(verbose="--verbose" in args or "--debug" in args)
+    quiet_logging(verbose=bool({"--verbose", "--debug", "--verbose=true", "--debug=true"}
+                               & set(args)))
     module = importlib.import_module(f"beam_supertable.jobs.{job}")
     return module.main(args)
 

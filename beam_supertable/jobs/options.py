@@ -148,6 +148,7 @@ def parse(parser: JobParser, argv: Sequence[str]) -> Tuple[PipelineOptions, argp
     """
     # An unknown flag is the likelier mistake (``--tabel`` for a required
     # ``--table``), so it is reported before a missing required one.
+    argv = _switch_values(parser, argv)
     _refuse_repeats(parser, argv)
     required = [a for a in parser._actions if a.required]
     for action in required:
@@ -165,6 +166,25 @@ def parse(parser: JobParser, argv: Sequence[str]) -> Tuple[PipelineOptions, argp
     if missing:
         parser.error(f"the following arguments are required: {', '.join(missing)}")
     return flink.fill_defaults(PipelineOptions(rest), rest), args
+
+
+def _switch_values(parser: JobParser, argv: Sequence[str]) -> List[str]:
+    """``--dry_run=true`` as ``--dry_run``, ``=false`` as nothing: a Flex Template
+    passes every parameter with a value (``beam_supertable.jobs.template_spec``)."""
+    switches = {s for a in parser._actions if isinstance(a, argparse._StoreTrueAction)  # noqa: SLF001
+                for s in a.option_strings}
+    out: List[str] = []
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            return out + list(argv[i:])
+        name, equals, value = arg.partition("=")
+        if not equals or name not in switches:
+            out.append(arg)
+        elif value.lower() in ("true", "false"):
+            out.extend([name] if value.lower() == "true" else [])
+        else:
+            parser.error(f"{name}: a switch; give it alone, or ={value!r} as true or false")
+    return out
 
 
 def _refuse_repeats(parser: JobParser, argv: Sequence[str]) -> None:
@@ -300,8 +320,8 @@ def check_invalid(prog: str, invalid: int, total: int,
 def main(run: Callable[[List[str]], Any], argv: Optional[Sequence[str]], prog: str) -> int:
     """A job's entry point: ``run(argv)``, its errors as one line; returns the exit status."""
     args = job_argv(argv)
-    debug = "--debug" in args
-    quiet_logging(verbose=debug or "--verbose" in args)
+    debug = "--debug" in args or "--debug=true" in args
+    quiet_logging(verbose=debug or "--verbose" in args or "--verbose=true" in args)
     try:
         run(args)
     except RejectedRun as exc:
