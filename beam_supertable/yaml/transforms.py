@@ -1,4 +1,4 @@
-"""The supertable transforms as Beam YAML names them: schema'd Rows in and out.
+"""The writing transforms as Beam YAML names them, and what every YAML transform shares.
 
 Each class here is what ``providers.yaml`` maps a YAML transform name to;
 Beam YAML calls it with the ``config:`` keys as keyword arguments. They
@@ -25,15 +25,12 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from beam_supertable.errors import NotATableError, SchemaMismatchError
 from beam_supertable.jobs.search_supertable import parse_filter
 from beam_supertable.table.supertable import Supertable
-from beam_supertable.transforms.read import ReadFromSupertable as _Read
-from beam_supertable.transforms.read_changes import ReadChangesFromSupertable as _ReadChanges
 from beam_supertable.transforms.upsert_write import UpsertToSupertable as _Upsert
 from beam_supertable.transforms.write import WriteToSupertable as _Write
 from beam_supertable.yaml import rows
 from beam_upsert.model import UpsertCommand
 
-__all__ = ["ReadChangesFromSupertable", "ReadFromSupertable", "SearchSupertable",
-           "UpsertToSupertable", "WriteToSupertable"]
+__all__ = ["UpsertToSupertable", "WriteToSupertable"]   # the reads: beam_supertable.yaml.reads
 
 GOOD = "good"                  # the main output's name when errors have their own
 COMMIT_FIELDS = [("version", int), ("rows", int), ("superfiles", int), ("deduplicated", bool)]

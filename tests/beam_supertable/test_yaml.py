@@ -210,3 +210,58 @@ providers:
         expand(source.replace("CONFIG", f"{{uri: {docs}, filter: 'v >>> 2'}}"), tmp_path)
     with pytest.raises(ValueError, match=r"unknown column\(s\) \['nope'\]"):
         expand(source.replace("CONFIG", f"{{uri: {docs}, columns: [nope]}}"), tmp_path)
+
+
+# -- on Flink ---------------------------------------------------------------------------
+@pytest.mark.flink
+def test_a_yaml_pipeline_writes_and_rejects_on_flink(tmp_path):
+    """The write with its error output, through ``apache_beam.yaml.main`` on FlinkRunner.
+
+    Only transforms every Beam YAML release this project supports has (the Flink
+    environment's apache-beam is older than the default one).
+    """
+    from beam_supertable.jobs import flink
+
+    pipeline = tmp_path / "flink.yaml"
+    pipeline.write_text("""
+pipeline:
+  transforms:
+    - name: Docs
+      type: Create
+      config:
+        elements:
+          - {id: 1, topic: space, emb: [0.1, 0.2, 0.3, 0.4]}
+          - {id: 2, topic: sea, emb: [0.4, 0.3, 0.2, 0.1]}
+          - {id: 3, topic: rocks, emb: [0.9, 0.2, 0.3, 0.4]}
+          - {id: 4, topic: too short, emb: [0.9]}
+    - name: Write
+      type: WriteToSupertable
+      input: Docs
+      config:
+        uri: "{{ out }}/docs"
+        vector_column: emb
+        vector_dim: 4
+        error_handling: {output: rejected}
+    - name: Rejected
+      type: WriteToJson
+      input: Write.rejected
+      config: {path: "{{ out }}/rejected.json"}
+    - name: Commits
+      type: WriteToJson
+      input: Write
+      config: {path: "{{ out }}/commits.json"}
+providers:
+  - include: "{{ providers }}"
+""")
+    done = run_yaml(pipeline, tmp_path, "--runner=FlinkRunner", "--flink_master=[local]",
+                    f"--flink_version={flink.FLINK_VERSION}", "--parallelism=2",
+                    "--environment_type=LOOPBACK",
+                    f"--environment_cache_millis={flink.ENVIRONMENT_CACHE_MS}",
+                    f"--flink_job_server_jar={flink.job_server_jar()}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    table = Supertable.open(str(tmp_path / "docs"))
+    assert sorted(r["id"] for r in table.to_arrow().to_pylist()) == [1, 2, 3]
+    assert [c["rows"] for c in lines(tmp_path, "commits.json")] == [3]
+    (rejected,) = lines(tmp_path, "rejected.json")
+    assert rejected["element"]["id"] == 4
+    assert rejected["msg"] == "row with id 4: column 'emb' expects 4 float32 values, got 1"
