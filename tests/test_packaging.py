@@ -70,7 +70,8 @@ def test_the_staged_sdist_holds_the_packages_their_samples_and_the_build_files(b
     for needed in ("setup.py", "pyproject.toml", "README.md", "LICENSE",
                    "beam_upsert/__init__.py", "beam_supertable/__init__.py",
                    "beam_supertable/jobs/samples/commands.jsonl",
-                   "beam_supertable/jobs/samples/chunks.jsonl"):
+                   "beam_supertable/jobs/samples/chunks.jsonl",
+                   "beam_supertable/yaml/providers.yaml"):
         assert needed in names, needed
     assert not {n for n in names if n.split("/")[0] in ("pipelines", "tests", "examples",
                                                         "benchmarks", "flink")}
@@ -85,6 +86,7 @@ def test_the_wheel_installs_only_the_two_packages_and_the_console_scripts(built)
     top_level = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top_level == {"beam_upsert", "beam_supertable"}
     assert "beam_supertable/jobs/samples/commands.jsonl" in names
+    assert "beam_supertable/yaml/providers.yaml" in names   # Beam YAML's include: target
     for folder in sorted(p.parent.name for p in ROOT.glob("beam_supertable/*/__init__.py")):
         assert f"beam_supertable/{folder}/__init__.py" in names, folder
     for script in SCRIPTS:
