@@ -85,7 +85,8 @@ class ReadChangesFromSupertable(beam.PTransform):
     Args:
         uri: the table.
         storage_options: fsspec options of its store.
-        start_version: the changes after this version (default: from the start).
+        start_version: the changes after this version (exclusive; 0 reads every change);
+            needed unless a ``consumer`` resumes.
         end_version: the last version to read (default: keep reading as
             versions land; ``latest``: the latest version when the pipeline is built).
         columns: the columns to read (default: all).
