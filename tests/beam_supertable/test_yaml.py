@@ -81,7 +81,8 @@ def test_the_shipped_provider_file_names_every_transform():
     assert done.stdout.strip() == PROVIDERS
 
 
-def test_the_guide_pipeline_writes_rejects_onto_its_output_and_upserts(written):
+def test_the_guide_pipeline_then_a_second_one_reading_searching_and_upserting(written):
+    # One test, in order: the second pipeline changes the keyed table the first wrote.
     docs = Supertable.open(str(written / "docs"))
     assert sorted(r["id"] for r in docs.to_arrow().to_pylist()) == [1, 2, 3]
     assert [str(f.type) for f in docs.user_schema] == [
@@ -96,9 +97,6 @@ def test_the_guide_pipeline_writes_rejects_onto_its_output_and_upserts(written):
     assert sensors.user_schema.names == ["sensor", "reading", "t"]   # not seq, gone
     assert sensors.frontier == 10_000_001
 
-
-def test_a_second_pipeline_reads_searches_follows_and_upserts_with_offsets_and_deletes(
-        written):
     done = run_yaml(PIPELINES / "follow_up.yaml", written)
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(lines(written, "read.json"), key=lambda r: r["id"]) == [
@@ -124,6 +122,21 @@ def test_a_second_pipeline_reads_searches_follows_and_upserts_with_offsets_and_d
                                   "gone": False}
     assert refused["msg"].endswith("offset field 'seq' is null")
     assert [c["version"] for c in lines(written, "upsert-commits.json")] == [2]
+    # The second batch in the change feed: retractions and insertions at its commit.
+    expand(f"""
+pipeline:
+  type: chain
+  transforms:
+    - type: ReadChangesFromSupertable
+      config: {{uri: {written}/sensors, start_version: 1, end_version: latest}}
+    - type: WriteToJson
+      config: {{path: {written}/changes-2.json}}
+providers:
+  - include: PROVIDERS
+""", written)
+    assert sorted((c["sensor"], c["reading"], c["diff"])
+                  for c in lines(written, "changes-2.json")) == [
+        ("a", 1, -1), ("a", 11, 1), ("b", 2, -1), ("c", 3, -1), ("d", 4, 1)]
 
 
 def test_the_pipeline_file_inline_tests_pass_on_the_written_table(written):
