@@ -79,6 +79,9 @@ class VacuumPlan:
             needs them.
         held_bytes: the bytes of the objects only those versions reference.
         tags: the table's tags (name -> version); every tagged version is kept.
+        tag_held_versions: versions kept only because a tag names them (and no
+            live consumer needs them).
+        tag_held_bytes: the bytes of the objects only those versions reference.
     """
 
     removed_versions: Tuple[int, ...]
@@ -93,6 +96,8 @@ class VacuumPlan:
     held_versions: Tuple[int, ...] = ()
     held_bytes: int = 0
     tags: Dict[str, int] = dataclasses.field(default_factory=dict)
+    tag_held_versions: Tuple[int, ...] = ()
+    tag_held_bytes: int = 0
 
     @property
     def folded_tokens(self) -> int:
@@ -199,10 +204,13 @@ class Vacuum:
         floor = named.held_from(consumers, ordered)
         held = {v for v in ordered if floor is not None and v >= floor} - keep
         tags = tagged.listing(self.store, objects, skip_unreadable=True)
-        held |= {v for v in tags.values() if v in version_infos and v <= latest} - keep
+        tag_held = {v for v in tags.values() if v in version_infos and v <= latest} - keep - held
+        held |= tag_held
         keep |= held
         referenced = {HINT}
         only_held: set = set()
+        tag_refs: set = set()     # what the versions only tags hold reference
+        other_held_refs: set = set()
         kept_at: Dict[int, Optional[float]] = {}
         retention = None if token_retention is None else retention_seconds(token_retention)
         for v in sorted(keep):
@@ -211,11 +219,16 @@ class Vacuum:
                 kept = self._snapshot(doc)
                 refs = self.referenced(kept) | self.derived_referenced(kept)
                 (only_held if v in held else referenced).update(refs)
+                if v in held:
+                    (tag_refs if v in tag_held else other_held_refs).update(refs)
                 kept_at[v] = epoch_of(kept.commit.get("timestamp"))
                 if v == latest and retention is None:
                     retention = token_retention_of(kept.properties)
         only_held -= referenced
         held_bytes = sum(i.size for i in objects if i.path in only_held)
+        # Bytes only tags hold: not referenced by a version kept for another reason.
+        tag_refs -= referenced | other_held_refs
+        tag_bytes = sum(i.size for i in objects if i.path in tag_refs)
         referenced |= only_held
         retention = token_retention_of({}) if retention is None else retention
         horizon = now - retention
@@ -252,7 +265,7 @@ class Vacuum:
                           tuple(sorted(removed, key=lambda i: i.path)),
                           tuple(sorted(keep)), tuple(sorted(waiting, key=lambda i: i.path)),
                           grace, retention, horizon, folds, consumers, tuple(sorted(held)),
-                          held_bytes, tags)
+                          held_bytes, tags, tuple(sorted(tag_held)), tag_bytes)
 
     def _needs_replan(self, plan: "VacuumPlan") -> bool:
         """Whether a consumer recorded or a tag created since ``plan`` was made needs a
