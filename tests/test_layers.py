@@ -40,7 +40,8 @@ SUPERTABLE_LAYERS = {
     STORAGE: {"format"},
     ICEBERG: {"iceberg"},
     TABLE: {"table"},
-    BEAM: {"__init__", "__main__", "cli", "cli_text", "transforms", "testing", "rag"},
+    BEAM: {"__init__", "__main__", "cli", "cli_alter", "cli_text", "transforms", "testing",
+           "rag"},
     JOBS: {"jobs"},   # the templated jobs; pipelines/ holds their repository entry points
 }
 TOP_LEVEL_LIMIT = 12

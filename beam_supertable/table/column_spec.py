@@ -8,6 +8,7 @@ binary`` (and the aliases ``str int float double``) and vectors
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Iterable, List
 
@@ -42,8 +43,10 @@ def parse_fields(parts: Iterable[str], flag: str = "--schema") -> List[pa.Field]
             elif type_name in TYPES:
                 typ = TYPES[type_name]
             else:
-                raise ValueError(f"{flag}: column {name!r} has unknown type {type_name!r}; use "
-                                 f"one of {sorted(TYPES)} or float32[DIM]")
+                close = difflib.get_close_matches(type_name, list(TYPES), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ValueError(f"{flag}: column {name!r} has unknown type {type_name!r}{hint}; "
+                                 f"use one of {sorted(TYPES)} or float32[DIM]")
             fields.append(pa.field(name, typ))
     names = [f.name for f in fields]
     if len(set(names)) != len(names):
