@@ -415,6 +415,7 @@ class IcebergMetadata:
         except (CorruptManifestError, FileNotFoundError, ValueError, EOFError):
             whole = False
         if whole:
+            self._tables.pop(version, None)    # as it is now, not as last seen
             table = self._table_json(version)
             if table is not None:
                 self._retag(version, table)
