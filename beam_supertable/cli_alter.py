@@ -42,14 +42,14 @@ def add_parsers(commands: Any, parser_options: Callable[[argparse.ArgumentParser
         sub = commands.add_parser(name, help=help_text, description=help_text,
                                   formatter_class=formatter, allow_abbrev=False)
         parser_options(sub)
-        sub.add_argument("words", nargs="*", metavar=words,
-                         help="the table (unless --table is given), then " + words)
+        sub.add_argument("words", nargs="*", metavar=f"TABLE {words}".strip(),
+                         help="the table (or --table URI)" + (f", then {words}" if words else ""))
         sub.set_defaults(uri=None)
         return sub
 
     add = command("add-columns", "Add nullable columns (one metadata-only commit; existing "
-                                 "rows read null).", "nothing more")
-    add.add_argument("--column", action="append", default=[], metavar="NAME:TYPE",
+                                 "rows read null).", "")
+    add.add_argument("--column", action="append", default=None, metavar="NAME:TYPE",
                      help="a column to add, e.g. unit:string or emb2:float32[8] (repeat it, or "
                           "give several separated by commas; required)")
     command("drop-columns", "Drop columns (one metadata-only commit; optimize drops their "
