@@ -155,3 +155,15 @@ def test_iceberg_readers_see_tags_as_tag_refs(tmp_path):
     t.sync_iceberg()
     doc = json.loads(path.read_text())
     assert doc["refs"]["again"] == {"snapshot-id": t.version, "type": "tag"}
+
+
+def test_a_tag_created_while_vacuum_plans_is_seen_before_anything_is_deleted(tmp_path):
+    t = _table(tmp_path)
+    manifest = t.snapshot.manifest
+    plan = manifest.plan_vacuum(retain_versions=1, older_than=0)
+    assert 1 in plan.removed_versions and not manifest._needs_replan(plan)
+    t.tags.create("late", 1)      # lands between the plan and the deletes
+    assert manifest._needs_replan(plan)
+    assert 1 in manifest.plan_vacuum(retain_versions=1, older_than=0).retained_versions
+    t.vacuum(retain_versions=1, older_than=0)
+    assert Supertable.open(t.uri, version="late").count_rows() == 2
