@@ -900,7 +900,7 @@ class Supertable:
                                      keep_versions=keep_versions)
 
     # -- other engines -----------------------------------------------------
-    def iceberg_metadata_location(self, version: Optional[int] = None) -> str:
+    def iceberg_metadata_location(self, version: Union[int, str, None] = None) -> str:
         """The absolute URI of the Iceberg metadata file whose current snapshot is ``version``.
 
         ``pyiceberg.table.StaticTable.from_metadata(location)``, DuckDB's
@@ -908,7 +908,7 @@ class Supertable:
         crash left unwritten is written now (it is a function of the version).
 
         Args:
-            version: a version of the table (default: this handle's).
+            version: a version of the table or a tag's name (default: this handle's).
 
         Raises:
             IcebergDisabledError: the table keeps no Iceberg metadata; run
@@ -916,6 +916,7 @@ class Supertable:
             VersionNotFoundError: no such version (or vacuumed).
             CorruptManifestError: the metadata file is there but unreadable.
         """
+        version = _tags.resolve(self._store, version)
         snapshot = self._snapshot if version is None or version == self.version \
             else self._manifest.load(version)
         if not iceberg_meta.is_enabled(snapshot):

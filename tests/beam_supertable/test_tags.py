@@ -167,3 +167,41 @@ def test_a_tag_created_while_vacuum_plans_is_seen_before_anything_is_deleted(tmp
     assert 1 in manifest.plan_vacuum(retain_versions=1, older_than=0).retained_versions
     t.vacuum(retain_versions=1, older_than=0)
     assert Supertable.open(t.uri, version="late").count_rows() == 2
+
+
+def test_a_pipeline_reads_a_tag_and_the_iceberg_face_names_its_metadata(tmp_path):
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from beam_supertable import ReadFromSupertable
+    t = _table(tmp_path)
+    t.tags.create("one", 1)
+    t.append(pa.table({"x": [5], "s": ["later"]}))
+    assert t.iceberg_metadata_location("one").endswith("/metadata/v1.metadata.json")
+    with TestPipeline() as p:
+        rows = (p | ReadFromSupertable(t.uri, version="one", columns=["x", "s"])
+                | "plain" >> beam.Map(lambda r: (r["x"], r["s"])))
+        assert_that(rows, equal_to([(0, "a0"), (10, "b0")]))
+
+
+def test_tag_refs_take_an_old_tagged_snapshot_the_history_left_out():
+    from beam_supertable.iceberg.refs import with_tags
+    fields = [{"id": 1, "name": "x", "required": False, "type": "long"}]
+    snap = {"snapshot-id": 3, "parent-snapshot-id": 2, "timestamp-ms": 3,
+            "manifest-list": "m3", "summary": {"operation": "append"}, "schema-id": 0}
+    own = {"schemas": [{"fields": fields}], "snapshots": [snap]}
+    other = {"schemas": [{"fields": fields + [{"id": 2, "name": "y", "required": False,
+                                                "type": "long"}]}],
+             "snapshots": [dict(snap, **{"snapshot-id": 4})]}
+    doc = {"current-snapshot-id": 200, "schemas": [{"fields": fields}],
+           "snapshots": [{"snapshot-id": 150}, {"snapshot-id": 200}],
+           "refs": {"main": {"snapshot-id": 200, "type": "branch"},
+                    "stale": {"snapshot-id": 150, "type": "tag"}}}
+    out = with_tags(doc, {"old": 3, "recent": 150, "renamed": 4, "future": 201, "main": 3},
+                    {3: own, 4: other}.get)
+    assert out["refs"] == {"main": {"snapshot-id": 200, "type": "branch"},
+                           "old": {"snapshot-id": 3, "type": "tag"},
+                           "recent": {"snapshot-id": 150, "type": "tag"}}
+    assert [s["snapshot-id"] for s in out["snapshots"]] == [3, 150, 200]
+    assert "parent-snapshot-id" not in out["snapshots"][0]
