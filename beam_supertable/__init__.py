@@ -25,6 +25,8 @@ from beam_supertable.format.manifest import Snapshot, VacuumPlan, VacuumReport
 from beam_supertable.table.inspection import inspect_table
 from beam_supertable.table.optimize import OptimizeGroup, OptimizePlan
 from beam_supertable.table.supertable import Supertable
+from beam_supertable.errors import TagExistsError, TagNotFoundError  # noqa: E402 - tags
+from beam_supertable.table.tags import Tags
 
 __all__ = [
     "__version__",
@@ -41,6 +43,7 @@ __all__ = [
     "SchemaMismatchError", "StoreIOError", "SupertableError", "TableExistsError",
     "TokenReuseError", "UnsafeBackendError", "VersionNotFoundError",
 ]
+__all__ += ["Tags", "TagExistsError", "TagNotFoundError"]   # tags: names for versions
 
 # The Beam transforms import apache_beam; the table itself does not need it.
 _LAZY = {

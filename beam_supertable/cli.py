@@ -1,4 +1,4 @@
-"""The command line: ``python -m beam_supertable {inspect,optimize,vacuum,iceberg,consumers,drop-consumer} --table URI``.
+"""The command line: ``python -m beam_supertable {inspect,optimize,vacuum,iceberg,consumers,drop-consumer,add-columns,drop-columns,rename-column,restore,tag} --table URI``.
 
 ``python -m beam_supertable template-spec JOB`` prints a job's Dataflow Flex
 Template metadata (:mod:`beam_supertable.jobs.template_spec`).
@@ -16,6 +16,11 @@ Installed, the same is the console script ``beam-supertable``::
     python -m beam_supertable drop-consumer --table /data/docs --name mirror
     python -m beam_supertable iceberg register --table /data/docs \\
         --catalog sqlite:////data/catalog.db --name docs.chunks
+    python -m beam_supertable tag /data/docs create nightly 12
+
+The subcommands that change a table's shape or name versions (``add-columns``,
+``drop-columns``, ``rename-column``, ``restore``, ``tag``) are
+:mod:`beam_supertable.cli_alter`.
 
 The table is named by ``--table``, as in the jobs (``python -m pipelines.<job>``);
 a table given as the first positional argument, as earlier releases took it,
@@ -47,6 +52,7 @@ import sys
 import traceback
 from typing import Any, Callable, Optional, Sequence
 
+from beam_supertable import cli_alter
 from beam_supertable._program import program_name
 from beam_supertable._version import __version__
 from beam_supertable.cli_text import (
@@ -178,17 +184,20 @@ def build_parser() -> argparse.ArgumentParser:
     nbytes = _argument_type(parse_bytes, "byte size")
     count = _argument_type(_positive_int, "count")
 
-    def command(name: str, help_text: str, under=commands) -> argparse.ArgumentParser:
-        sub = under.add_parser(name, help=help_text, description=help_text,
-                               formatter_class=_HelpFormatter, allow_abbrev=False)
+    def options(sub: argparse.ArgumentParser) -> None:
         sub.add_argument("--table", dest="table", metavar="URI", default=None,
                          help="the table: a local path, memory://..., s3://bucket/prefix, ... "
                               "(required)")
-        sub.add_argument("uri", metavar="URI", nargs="?", default=None, help=argparse.SUPPRESS)
         sub.add_argument("--storage-options", type=_argument_type(_storage_options, "JSON"),
                          default=None, metavar="JSON",
                          help="fsspec storage options as a JSON object")
         sub.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    def command(name: str, help_text: str, under=commands) -> argparse.ArgumentParser:
+        sub = under.add_parser(name, help=help_text, description=help_text,
+                               formatter_class=_HelpFormatter, allow_abbrev=False)
+        options(sub)
+        sub.add_argument("uri", metavar="URI", nargs="?", default=None, help=argparse.SUPPRESS)
         return sub
 
     def vacuum_options(sub: argparse.ArgumentParser, what: str) -> None:
@@ -234,6 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the consumer to drop (required; or as the last argument)")
     drop.add_argument("name_arg", metavar="NAME", nargs="?", default=None,
                       help=argparse.SUPPRESS)
+
+    cli_alter.add_parsers(commands, options, _HelpFormatter)
 
     iceberg = commands.add_parser(
         "iceberg", help="The table's Apache Iceberg metadata: sync, register.",
@@ -312,7 +323,7 @@ def _vacuum(args: argparse.Namespace) -> Any:
             f"kept {plural(len(kept), 'version')}"
             + (f" ({ranges(kept)})" if kept else "")
             + f"; grace {duration_text(_grace_s(args.older_than))}"
-            + (f"; consumers hold {plural(len(report.held_versions), 'version')} "
+            + (f"; consumers and tags hold {plural(len(report.held_versions), 'version')} "
                f"({size(report.held_bytes)})" if report.held_versions else ""))
     return doc, text
 
@@ -397,7 +408,8 @@ def register_in_sql_catalog(catalog_uri: str, identifier: str, location: str,
 
 
 _COMMANDS = {"inspect": _inspect, "optimize": _optimize, "vacuum": _vacuum,
-             "iceberg": _iceberg, "consumers": _consumers, "drop-consumer": _drop_consumer}
+             "iceberg": _iceberg, "consumers": _consumers, "drop-consumer": _drop_consumer,
+             **cli_alter.COMMANDS}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -411,6 +423,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return spec.main([args.job], prog=prog)
     if args.command == "drop-consumer" and args.table and args.uri and not args.name_arg:
         args.name_arg, args.uri = args.uri, None   # drop-consumer --table URI NAME
+    if args.command in cli_alter.COMMANDS:
+        try:
+            cli_alter.prepare(args)
+        except ValueError as exc:
+            parser.exit(EXIT_USAGE, f"{prog}: error: {exc}\n")
     if args.table and args.uri and args.table != args.uri:
         parser.exit(EXIT_USAGE, f"{prog}: error: the table twice: --table {args.table} and "
                                 f"{args.uri}\n")

@@ -189,6 +189,12 @@ def format_inspection(report: Dict[str, Any]) -> str:
                      f"{plural(con['held']['versions'], 'version')} "
                      f"({size(con['held']['bytes'])}) from vacuum; expiry "
                      f"{duration_text(con['expiry_s'])}")
+    tags = report.get("tags")
+    if tags and tags["list"]:
+        named = ", ".join(f"{t['name']} at {t['version']}" for t in tags["list"])
+        lines.append(f"  tags        {named}; they hold "
+                     f"{plural(tags['held']['versions'], 'version')} "
+                     f"({size(tags['held']['bytes'])}) from vacuum")
     rec, wait = vac["reclaimable"], vac["in_grace"]
     lines.append(f"  vacuum      would reclaim {size(rec['bytes'])} "
                  f"({plural(rec['objects'], 'object')}, {plural(rec['versions'], 'version')}) "

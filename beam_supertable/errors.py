@@ -98,3 +98,11 @@ class IcebergDisabledError(SupertableError, ValueError):
 
 class ConsumerNotFoundError(SupertableError, LookupError):
     """No change-feed consumer of that name is recorded in the table."""
+
+
+class TagNotFoundError(SupertableError, LookupError):
+    """No tag of that name is recorded in the table."""
+
+
+class TagExistsError(AlreadyExists):
+    """A tag of that name exists already (of two creators of one name, one wins)."""

@@ -40,7 +40,8 @@ SUPERTABLE_LAYERS = {
     STORAGE: {"format"},
     ICEBERG: {"iceberg"},
     TABLE: {"table"},
-    BEAM: {"__init__", "__main__", "cli", "cli_text", "transforms", "testing", "rag"},
+    BEAM: {"__init__", "__main__", "cli", "cli_alter", "cli_text", "transforms", "testing",
+           "rag"},
     JOBS: {"jobs", "yaml"},   # the templated jobs (pipelines/ holds their entry points)
     # and the Beam YAML providers
 }

@@ -8,12 +8,13 @@ import logging
 import math
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from beam_supertable.format import consumers as named, ids
+from beam_supertable.format import consumers as named, ids, tags as tagged
 from beam_supertable.format.consumers import CONSUMERS, Consumer
 from beam_supertable.format.documents import (
     HINT, META, TOKEN_INDEX, TOKENS, VERSIONS, Snapshot, epoch_of, iso_of, retention_seconds,
     token_retention_of, unseal, version_of, version_path)
 from beam_supertable.format.store import ObjectInfo
+from beam_supertable.format.tags import TAGS
 from beam_supertable.format.tokens import (
     _marker_version, index_period_s, index_range, token_folder, token_hash)
 
@@ -46,10 +47,12 @@ class VacuumReport:
     # Tokens of commits before it are forgotten (a moment, so not compared).
     token_horizon: Optional[str] = dataclasses.field(default=None, compare=False)
     # The change feed's named consumers (ages move, so not compared), the versions
-    # kept only because a live one still needs them, and the bytes only those hold.
+    # kept only because a live one or a tag still needs them, and the bytes only those hold.
     consumers: Tuple[Consumer, ...] = dataclasses.field(default=(), compare=False)
     held_versions: Tuple[int, ...] = ()
     held_bytes: int = 0
+    # The table's tags (name -> version): each tagged version is kept.
+    tags: Dict[str, int] = dataclasses.field(default_factory=dict, compare=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,8 +63,8 @@ class VacuumPlan:
         removed_versions: versions it would delete.
         removed_objects: objects it would delete (versions included), by path.
         retained_versions: versions it keeps (the newest ``retain_versions``,
-            any younger than the grace period, and those a live consumer
-            still needs).
+            any younger than the grace period, those a live consumer
+            still needs, and tagged ones).
         waiting_objects: objects no kept version references that the grace
             period still protects (a commit in flight, or an orphan that is
             reclaimable later).
@@ -72,8 +75,13 @@ class VacuumPlan:
         folds: index entries to write, by period ``(start, end)``: the
             markers of removed versions whose tokens are still remembered.
         consumers: the change feed's named consumers, aged at the plan's moment.
-        held_versions: versions kept only because a live consumer needs them.
+        held_versions: versions kept only because a live consumer or a tag
+            needs them.
         held_bytes: the bytes of the objects only those versions reference.
+        tags: the table's tags (name -> version); every tagged version is kept.
+        tag_held_versions: versions kept only because a tag names them (and no
+            live consumer needs them).
+        tag_held_bytes: the bytes of the objects only those versions reference.
     """
 
     removed_versions: Tuple[int, ...]
@@ -87,6 +95,9 @@ class VacuumPlan:
     consumers: Tuple[Consumer, ...] = ()
     held_versions: Tuple[int, ...] = ()
     held_bytes: int = 0
+    tags: Dict[str, int] = dataclasses.field(default_factory=dict)
+    tag_held_versions: Tuple[int, ...] = ()
+    tag_held_bytes: int = 0
 
     @property
     def folded_tokens(self) -> int:
@@ -105,7 +116,7 @@ class VacuumPlan:
         return VacuumReport(self.removed_versions, tuple(i.path for i in self.removed_objects),
                             self.removed_bytes, self.retained_versions, self.folded_tokens,
                             iso_of(self.token_horizon), self.consumers, self.held_versions,
-                            self.held_bytes)
+                            self.held_bytes, dict(self.tags))
 
 
 class Vacuum:
@@ -162,7 +173,8 @@ class Vacuum:
                 a streaming upsert run started on and reads its priors at).
 
         Every version from the oldest live consumer's on is kept (see
-        :mod:`beam_supertable.format.consumers`).
+        :mod:`beam_supertable.format.consumers`), and every tagged version
+        (:mod:`beam_supertable.format.tags`).
 
         Returns:
             The plan: versions and objects to remove, versions kept, and the
@@ -191,9 +203,14 @@ class Vacuum:
                                         objects, skip_unreadable=True))
         floor = named.held_from(consumers, ordered)
         held = {v for v in ordered if floor is not None and v >= floor} - keep
+        tags = tagged.listing(self.store, objects, skip_unreadable=True)
+        tag_held = {v for v in tags.values() if v in version_infos and v <= latest} - keep - held
+        held |= tag_held
         keep |= held
         referenced = {HINT}
         only_held: set = set()
+        tag_refs: set = set()     # what the versions only tags hold reference
+        other_held_refs: set = set()
         kept_at: Dict[int, Optional[float]] = {}
         retention = None if token_retention is None else retention_seconds(token_retention)
         for v in sorted(keep):
@@ -202,11 +219,16 @@ class Vacuum:
                 kept = self._snapshot(doc)
                 refs = self.referenced(kept) | self.derived_referenced(kept)
                 (only_held if v in held else referenced).update(refs)
+                if v in held:
+                    (tag_refs if v in tag_held else other_held_refs).update(refs)
                 kept_at[v] = epoch_of(kept.commit.get("timestamp"))
                 if v == latest and retention is None:
                     retention = token_retention_of(kept.properties)
         only_held -= referenced
         held_bytes = sum(i.size for i in objects if i.path in only_held)
+        # Bytes only tags hold: not referenced by a version kept for another reason.
+        tag_refs -= referenced | other_held_refs
+        tag_bytes = sum(i.size for i in objects if i.path in tag_refs)
         referenced |= only_held
         retention = token_retention_of({}) if retention is None else retention
         horizon = now - retention
@@ -216,9 +238,9 @@ class Vacuum:
         for info in objects:
             path = info.path
             if path in referenced or path.startswith((ids.CLAIMS + "/", TOKENS + "/",
-                                                      CONSUMERS + "/")):
-                # Id claims are kept (their ids may be in use), consumers until
-                # dropped; token markers and index objects go by the token
+                                                      CONSUMERS + "/", TAGS + "/")):
+                # Id claims are kept (their ids may be in use), consumers and
+                # tags until dropped; token markers and index objects go by the token
                 # horizon, below.
                 continue
             if path.startswith(VERSIONS + "/"):
@@ -243,10 +265,14 @@ class Vacuum:
                           tuple(sorted(removed, key=lambda i: i.path)),
                           tuple(sorted(keep)), tuple(sorted(waiting, key=lambda i: i.path)),
                           grace, retention, horizon, folds, consumers, tuple(sorted(held)),
-                          held_bytes)
+                          held_bytes, tags, tuple(sorted(tag_held)), tag_bytes)
 
     def _needs_replan(self, plan: "VacuumPlan") -> bool:
-        """Whether a consumer recorded since ``plan`` was made needs a version it removes."""
+        """Whether a consumer recorded or a tag created since ``plan`` was made needs a
+        version it removes."""
+        going = set(plan.removed_versions)
+        if any(v in going for v in tagged.listing(self.store, skip_unreadable=True).values()):
+            return True
         seen = {(c.name, c.version) for c in plan.consumers if not c.expired}
         latest = self._try_version(self.latest_version()) or {}
         fresh = named.listing(self.store, self.clock(),
@@ -360,9 +386,10 @@ class Vacuum:
                 ``timedelta``); default: the table's ``token_retention``.
             keep_versions: versions kept whatever their age (``plan_vacuum``).
 
-        A live consumer of the change feed keeps every version from its own on;
-        one that registers or moves back while the plan is made is seen by a
-        second look at the consumers just before anything is deleted.
+        A live consumer of the change feed keeps every version from its own on,
+        and a tag its version; one that registers or moves back, or a tag
+        created, while the plan is made is seen by a second look just before
+        anything is deleted.
         """
         plan = self.plan_vacuum(retain_versions=retain_versions, older_than=older_than,
                                 token_retention=token_retention, keep_versions=keep_versions)

@@ -32,6 +32,9 @@ class DerivedView(Protocol):
     def after_vacuum(self, latest: Snapshot, retained: Sequence[int]) -> None:
         """Called after a vacuum removed versions; ``retained`` are those kept."""
 
+    def after_tags(self, latest: Snapshot) -> None:
+        """Called after a tag was created, moved or deleted (the face may name tags)."""
+
 
 ViewFactory = Callable[[Any], DerivedView]   # called with the Manifest the view serves
 

@@ -17,6 +17,11 @@ position delete files; only metadata is added, under ``metadata/``:
 - ``deletes/<uuid>.pos.parquet``: a deletion vector as an Iceberg position
   delete file (``file_path``, ``pos``).
 
+The table's tags are tag refs (``"refs": {"<tag>": {"snapshot-id": N, "type":
+"tag"}}``) in the metadata written after they change: the latest version's
+metadata is rewritten with them when a tag is created, moved or deleted (and
+by ``sync``), and every later version's carries them.
+
 Everything is a function of version N (and of objects that exist already):
 two writers that write the metadata of one version write the same objects,
 each with an atomic create, so a reader never sees two different
@@ -48,12 +53,13 @@ import pyarrow.parquet as pq
 
 from beam_supertable.errors import (
     AlreadyExists, CorruptManifestError, SchemaMismatchError, VersionNotFoundError)
-from beam_supertable.format import deletes as dv
+from beam_supertable.format import deletes as dv, tags as tag_records
 from beam_supertable.format.documents import Snapshot
 from beam_supertable.format.store import ObjectStore
 from beam_supertable.iceberg.avro import (
     DATA, DELETES, POSITION_DELETES, data_file, manifest_bytes, manifest_list_bytes,
     manifest_list_entry, read_manifest, read_manifest_list)
+from beam_supertable.iceberg.refs import with_tags
 from beam_supertable.iceberg.schema import iceberg_schema
 
 __all__ = ["ENABLED_PROPERTY", "METADATA", "IcebergMetadata", "metadata_path", "referenced"]
@@ -284,6 +290,31 @@ class IcebergMetadata:
         if is_enabled(latest):
             self.prune_history(latest, retained)
 
+    def after_tags(self, latest: Snapshot) -> None:
+        """The latest metadata file names the table's tags as they are now."""
+        if not is_enabled(latest):
+            return
+        self._tables.pop(latest.version, None)
+        table = self._table_json(latest.version)
+        if table is None:
+            self.write(latest, hint=self._hint_at_most(latest.version))
+            return
+        self._retag(latest.version, table)
+
+    def _retag(self, version: int, table: Dict[str, Any]) -> None:
+        """Rewrites the metadata file of ``version`` when its tag refs are stale."""
+        tagged = self._with_tags(dict(table))
+        if tagged.get("refs") == table.get("refs") and \
+                tagged.get("snapshots") == table.get("snapshots"):
+            return
+        self.store.put(metadata_path(version),
+                       json.dumps(tagged, separators=(",", ":")).encode(), durable=False)
+        self._remember(self._tables, version, tagged)
+
+    def _with_tags(self, document: Dict[str, Any]) -> Dict[str, Any]:
+        return with_tags(document, tag_records.listing(self.store, skip_unreadable=True),
+                         self._table_json)
+
     def _create(self, path: str, data: bytes) -> int:
         """Creates ``path`` unless it exists; returns the size of what is there."""
         try:
@@ -332,7 +363,7 @@ class IcebergMetadata:
                                                         snapshot_id=version,
                                                         sequence_number=version))
             self._remember(self._lists, version, manifests)
-        table = self._table_document(snapshot, schema, location, manifests)
+        table = self._with_tags(self._table_document(snapshot, schema, location, manifests))
         path = metadata_path(version)
         try:
             self.store.put_if_absent(path, json.dumps(table, separators=(",", ":")).encode(),
@@ -384,6 +415,10 @@ class IcebergMetadata:
         except (CorruptManifestError, FileNotFoundError, ValueError, EOFError):
             whole = False
         if whole:
+            self._tables.pop(version, None)    # as it is now, not as last seen
+            table = self._table_json(version)
+            if table is not None:
+                self._retag(version, table)
             return metadata_path(version)
         _LOG.warning("%s: the Iceberg metadata of version %d was incomplete; writing it again",
                      self.store.uri, version)
@@ -416,6 +451,8 @@ class IcebergMetadata:
                                   if _version_of_metadata(e["metadata-file"]) in keep]
         if snapshots and "parent-snapshot-id" in snapshots[0]:
             snapshots[0] = {k: v for k, v in snapshots[0].items() if k != "parent-snapshot-id"}
+        pruned["refs"] = {name: ref for name, ref in table.get("refs", {}).items()
+                          if ref.get("snapshot-id") in keep}
         self.store.put(metadata_path(latest.version),
                        json.dumps(pruned, separators=(",", ":")).encode(), durable=False)
         self._remember(self._tables, latest.version, pruned)

@@ -14,7 +14,6 @@ import datetime
 import io
 import json
 import math
-import re
 from typing import Any, Dict, Iterable, List, Optional
 
 import apache_beam as beam
@@ -27,19 +26,13 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from beam_supertable.jobs.io_formats import BAD_TAG, JOB_NAMESPACE
+from beam_supertable.table.column_spec import parse_columns
 from beam_upsert import Invalid
 
 FORMATS = ("parquet", "jsonl", "csv")
 _EXTENSIONS = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl",
                ".json": "jsonl", ".csv": "csv"}
 INFER_SAMPLE_ROWS = 1000
-_TYPES = {
-    "string": pa.string(), "str": pa.string(), "int64": pa.int64(), "int": pa.int64(),
-    "int32": pa.int32(), "int16": pa.int16(), "int8": pa.int8(), "float64": pa.float64(),
-    "double": pa.float64(), "float": pa.float64(), "float32": pa.float32(), "bool": pa.bool_(),
-    "date": pa.date32(), "timestamp": pa.timestamp("us", tz="UTC"), "binary": pa.binary(),
-}
-_VECTOR_TYPE = re.compile(r"(float32|float64|float16)\[(\d+)\]")
 
 
 def format_of(path: str, explicit: Optional[str] = None) -> str:
@@ -62,24 +55,7 @@ def parse_schema(spec: str) -> pa.Schema:
     Types: ``string int64 int32 int16 int8 float64 float32 bool date timestamp
     binary`` and vectors ``float32[DIM]`` (also ``float16``/``float64``).
     """
-    fields = []
-    for part in (p.strip() for p in spec.split(",")):
-        name, sep, type_name = (s.strip() for s in part.partition(":"))
-        vector = _VECTOR_TYPE.fullmatch(type_name)
-        if not sep or not name:
-            raise ValueError(f"--schema: {part!r} is not name:type")
-        if vector:
-            typ = pa.list_(getattr(pa, vector.group(1))(), int(vector.group(2)))
-        elif type_name in _TYPES:
-            typ = _TYPES[type_name]
-        else:
-            raise ValueError(f"--schema: column {name!r} has unknown type {type_name!r}; use "
-                             f"one of {sorted(_TYPES)} or float32[DIM]")
-        fields.append(pa.field(name, typ))
-    names = [f.name for f in fields]
-    if len(set(names)) != len(names):
-        raise ValueError(f"--schema: repeated column names in {names}")
-    return pa.schema(fields)
+    return parse_columns(spec, "--schema")
 
 
 def first_file(pattern: str) -> str:

@@ -23,6 +23,7 @@ vector, so it costs the same on a table of ten superfiles or ten thousand
      "consumers": {"expiry_s", "list": [{"name", "version", "updated_at", "age_s",
                                          "expired"}],
                    "held": {"versions", "bytes"}},
+     "tags": {"list": [{"name", "version"}], "held": {"versions", "bytes"}},
      "vacuum": {"retain_versions", "grace_s",
                 "reclaimable": {"versions", "objects", "bytes"},
                 "in_grace": {"objects", "bytes"}}}
@@ -40,6 +41,8 @@ retention): reruns of commits made since are deduplicated; at a later moment
 ``consumers`` lists the change feed's named readers with the version each
 has read to; ``held`` is what they cost the reported vacuum: the versions it
 keeps only for them and the bytes only those versions reference.
+``tags`` lists the table's tags (names for versions vacuum keeps) and, in
+``held``, the versions kept only for them and the bytes only those reference.
 
 Rows per cell count the rows stored in a cell (deleted ones included, until
 an optimize drops them); a superfile written before entries recorded
@@ -155,8 +158,12 @@ def inspect_table(uri: str, storage_options: Optional[dict] = None, *,
         "tokens": _tokens(snapshot, objects),
         "consumers": {"expiry_s": consumer_expiry_of(snapshot.properties),
                       "list": [c.to_dict() for c in plan.consumers],
-                      "held": {"versions": len(plan.held_versions),
-                               "bytes": plan.held_bytes}},
+                      "held": {"versions": len(plan.held_versions)
+                               - len(plan.tag_held_versions),
+                               "bytes": plan.held_bytes - plan.tag_held_bytes}},
+        "tags": {"list": [{"name": n, "version": v} for n, v in plan.tags.items()],
+                 "held": {"versions": len(plan.tag_held_versions),
+                          "bytes": plan.tag_held_bytes}},
         "vacuum": {
             "retain_versions": retain_versions,
             "grace_s": plan.grace_s,

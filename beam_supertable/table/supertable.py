@@ -46,6 +46,7 @@ from beam_supertable.table import consumers as feed_consumers
 from beam_supertable.table.dataset import LiveRows
 from beam_supertable.table.mutation import FRONTIER, Mutation
 from beam_supertable.table import search as _search
+from beam_supertable.table import tags as _tags
 from beam_supertable.table import writes as _writes
 from beam_supertable.table.search import Searcher
 from beam_supertable.table.writes import Writer
@@ -269,26 +270,32 @@ class Supertable:
                 "opens it only when they agree):\n  " + "\n  ".join(differ))
 
     @classmethod
-    def open(cls, uri: str, version: Optional[int] = None,
+    def open(cls, uri: str, version: Union[int, str, None] = None,
              storage_options: Optional[dict] = None, *,
              single_writer: bool = False,
              cache_bytes: int = DEFAULT_CACHE_BYTES) -> "Supertable":
         """Opens one version (the latest by default): a consistent snapshot.
 
         Args:
+            version: a version number, or a tag's name (see :attr:`tags`).
             cache_bytes: the handle's read cache budget (see the class note).
+
+        Raises:
+            TagNotFoundError: ``version`` names no tag (the message lists them).
         """
         store = ObjectStore(uri, storage_options, single_writer=single_writer)
-        return cls(store, Manifest(store).load(version), cache_bytes=cache_bytes)
+        return cls(store, Manifest(store).load(_tags.resolve(store, version)),
+                   cache_bytes=cache_bytes)
 
     def refresh(self) -> "Supertable":
         """This handle, moved to the latest version."""
         self._snapshot = self._manifest.load()
         return self
 
-    def checkout(self, version: int) -> "Supertable":
-        """Another handle on ``version`` of the same table."""
-        return Supertable(self._store, self._manifest.load(version),
+    def checkout(self, version: Union[int, str]) -> "Supertable":
+        """Another handle on ``version`` (a version number or a tag's name) of the
+        same table."""
+        return Supertable(self._store, self._manifest.load(_tags.resolve(self._store, version)),
                           cache_bytes=self._cache.capacity_bytes)
 
     # -- metadata --------------------------------------------------------
@@ -821,6 +828,14 @@ class Supertable:
             operation="set_properties", set_properties={CONSUMER_EXPIRY: seconds},
             replace_properties=(CONSUMER_EXPIRY,)), max_retries=max_retries)
 
+    # -- tags ----------------------------------------------------------------
+    @property
+    def tags(self) -> "_tags.Tags":
+        """The table's tags: names for versions, kept by ``vacuum`` until deleted
+        (``create(name, version)``, ``delete(name)``, ``list()`` -> name: version,
+        ``get_version(name)``, ``update(name, version)``)."""
+        return _tags.Tags(self._manifest)
+
     # -- maintenance -------------------------------------------------------
     @property
     def token_retention(self) -> datetime.timedelta:
@@ -885,7 +900,7 @@ class Supertable:
                                      keep_versions=keep_versions)
 
     # -- other engines -----------------------------------------------------
-    def iceberg_metadata_location(self, version: Optional[int] = None) -> str:
+    def iceberg_metadata_location(self, version: Union[int, str, None] = None) -> str:
         """The absolute URI of the Iceberg metadata file whose current snapshot is ``version``.
 
         ``pyiceberg.table.StaticTable.from_metadata(location)``, DuckDB's
@@ -893,7 +908,7 @@ class Supertable:
         crash left unwritten is written now (it is a function of the version).
 
         Args:
-            version: a version of the table (default: this handle's).
+            version: a version of the table or a tag's name (default: this handle's).
 
         Raises:
             IcebergDisabledError: the table keeps no Iceberg metadata; run
@@ -901,6 +916,7 @@ class Supertable:
             VersionNotFoundError: no such version (or vacuumed).
             CorruptManifestError: the metadata file is there but unreadable.
         """
+        version = _tags.resolve(self._store, version)
         snapshot = self._snapshot if version is None or version == self.version \
             else self._manifest.load(version)
         if not iceberg_meta.is_enabled(snapshot):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Union
 
 import apache_beam as beam
 import pyarrow as pa
@@ -52,15 +52,16 @@ class ReadFromSupertable(beam.PTransform):
     """Reads one version of a supertable, in parallel by superfile.
 
     Args:
-        version: the version to read (default: the latest when the pipeline
-            is built, so every worker reads the same snapshot).
+        version: the version to read, or a tag's name (default: the latest
+            when the pipeline is built, so every worker reads the same snapshot;
+            a tag is resolved then too).
         columns: columns to return (default all, ``_id`` included).
         filter: a pyarrow expression; superfiles whose column statistics rule
             it out are skipped without being opened.
         as_batches: yield ``pyarrow.RecordBatch`` es instead of dict rows.
     """
 
-    def __init__(self, uri: str, *, version: Optional[int] = None,
+    def __init__(self, uri: str, *, version: Union[int, str, None] = None,
                  columns: Optional[Sequence[str]] = None, filter: Optional[pc.Expression] = None,  # noqa: A002
                  as_batches: bool = False, storage_options: Optional[dict] = None,
                  label: Optional[str] = None) -> None:
