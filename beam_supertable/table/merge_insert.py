@@ -43,6 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from beam_supertable.errors import CommitFailedError, SchemaMismatchError
+from beam_supertable.format.expression import Call, Field, Literal, parse
 from beam_supertable.format.filters import mask
 from beam_supertable.format.keys import KeyBatch
 from beam_supertable.format.manifest import DEFAULT_MAX_RETRIES, Snapshot
@@ -134,11 +135,11 @@ def run_planned(table: Any, operation: str, planner: Callable[[Snapshot], Plan],
         f"changing its rows each time; nothing was committed")
 
 
-def live_rows(table: Any, base: Snapshot, entries: Sequence[dict]) -> Tuple[pa.Table, np.ndarray,
-                                                                            np.ndarray]:
-    """The live rows (user columns) of ``entries`` in ``base``, with each row's
-    superfile (index into ``entries``) and row number in it."""
-    names = [f.name for f in table.user_schema]
+def live_rows(table: Any, base: Snapshot, entries: Sequence[dict],
+              columns: Optional[Sequence[str]] = None) -> Tuple[pa.Table, np.ndarray, np.ndarray]:
+    """The live rows (``columns``, default all user columns) of ``entries`` in
+    ``base``, with each row's superfile (index into ``entries``) and row number in it."""
+    names = list(columns) if columns is not None else [f.name for f in table.user_schema]
     parts, which, pos = [], [], []
     for i, entry in enumerate(entries):
         gone = table._deleted_rows(entry, base)
@@ -152,7 +153,8 @@ def live_rows(table: Any, base: Snapshot, entries: Sequence[dict]) -> Tuple[pa.T
         which.append(np.full(len(rows), i, np.int64))
         pos.append(rows)
     if not parts:
-        return table.user_schema.empty_table(), np.zeros(0, np.int64), np.zeros(0, np.int64)
+        empty = pa.schema([table.user_schema.field(n) for n in names]).empty_table()
+        return empty, np.zeros(0, np.int64), np.zeros(0, np.int64)
     return (pa.concat_tables(parts), np.concatenate(which), np.concatenate(pos))
 
 
@@ -289,13 +291,30 @@ class MergeInsertBuilder:
                            frontier=table._writer.frontier_arg(frontier, token))
 
     # -- the plan on one base ----------------------------------------------
+    def _target_columns(self) -> List[str]:
+        """The target columns a plan reads: the written rows come from the
+        source, so only ``on`` and what the conditions name (all when the
+        conditions cannot be told apart)."""
+        names = set(self._on)
+        if self._update_where is not None:
+            used = expression_columns(self._update_where)
+            if used is None:
+                return self._table.user_schema.names
+            names.update(n[len("target."):] for n in used if n.startswith("target."))
+        if self._delete_where is not None:
+            used = expression_columns(self._delete_where)
+            if used is None:
+                return self._table.user_schema.names
+            names.update(used)
+        return [n for n in self._table.user_schema.names if n in names]
+
     def _plan(self, base: Snapshot, source: pa.Table, keys: Optional[KeyBatch]) -> Plan:
         table = self._table
         entries = base.entries()
         if not self._delete and keys is not None:
             # Only superfiles whose key statistics may hold a source key.
             entries = [e for e in entries if keys.may_hold(e).any()] if len(keys) else []
-        target, which, pos = live_rows(table, base, entries)
+        target, which, pos = live_rows(table, base, entries, self._target_columns())
         t_idx, s_idx = _join(target, source, self._on)
         upd = np.zeros(0, np.int64)
         if self._update and len(t_idx):
@@ -320,6 +339,22 @@ class MergeInsertBuilder:
         return Plan(base.version, written.tobytes(), source.take(pa.array(written)),
                     removed_of(entries, which[removed_t], pos[removed_t]),
                     (len(ins), len(upd), len(gone)))
+
+
+def expression_columns(expr: pc.Expression) -> Optional[List[str]]:
+    """The column names ``expr`` refers to, or None when they cannot be told."""
+    found: List[str] = []
+
+    def walk(node) -> bool:
+        if isinstance(node, Field):
+            found.append(node.name)
+            return True
+        if isinstance(node, Call):
+            return all(walk(a) for a in node.args)
+        return isinstance(node, Literal)
+
+    node = parse(expr)
+    return found if node is not None and walk(node) else None
 
 
 def _check_unique(uri: str, source: pa.Table, on: Sequence[str]) -> None:

@@ -150,3 +150,18 @@ def test_restore_keeps_consumers_and_tokens_and_refuses_unknown_or_vacuumed_vers
         t.restore(1)
     assert t.refresh().version == v and rows_of(t) == [(1, 1, 0)]
     assert np.all(np.diff([h["version"] for h in t.history()]) == 1)
+
+
+def test_restore_brings_back_the_old_schema_with_its_rows(tmp_path):
+    uri = str(tmp_path / "t")
+    t = Supertable.create(uri, SCHEMA, primary_key="k")
+    t.append(as_table([(1, 1, 0), (2, 2, 0)]))
+    other = pa.schema([("k", pa.int64()), ("w", pa.string())])
+    t = Supertable.create(uri, other, primary_key="k", mode="overwrite")
+    t.append(pa.table({"k": [5], "w": ["x"]}))
+    t.restore(1)
+    assert t.user_schema.names == SCHEMA.names and rows_of(Supertable.open(uri)) == [(1, 1, 0), (2, 2, 0)]
+    assert Supertable.open(uri, version=3).to_arrow(columns=["k", "w"]).to_pylist() == [
+        {"k": 5, "w": "x"}]
+    t.upsert(as_table([(2, 20, 1)]))                 # the keys hold: one live row per key
+    assert rows_of(t) == [(1, 1, 0), (2, 20, 1)]
