@@ -36,6 +36,7 @@ the superfiles' key statistics, the rows uploaded once.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -52,6 +53,8 @@ from beam_supertable.table.mutation import Mutation
 
 __all__ = ["MergeInsertBuilder", "MergeResult", "Plan", "PlannedMutation", "live_rows",
            "run_planned"]
+
+_LOG = logging.getLogger(__name__)
 
 Removed = Dict[str, Tuple[np.ndarray, np.ndarray]]
 
@@ -128,6 +131,8 @@ def run_planned(table: Any, operation: str, planner: Callable[[Snapshot], Plan],
             version = table.commit_superfiles(entries, mutation, grids=stamp.values(),
                                               max_retries=max_retries)
         except Replan:
+            _LOG.info("%s: %s re-planned: a concurrent commit changed the rows it writes",
+                      table.uri, operation)
             continue
         return MergeResult(*mutation.plan.counts, version)
     raise CommitFailedError(

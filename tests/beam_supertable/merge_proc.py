@@ -28,6 +28,11 @@ def main(argv):
     retries = _RetryCounter()
     logging.getLogger("beam_supertable.format.manifest").addHandler(retries)
     logging.getLogger("beam_supertable.format.manifest").setLevel(logging.INFO)
+    replans = _RetryCounter()
+    replans.emit = lambda record: setattr(replans, "count", replans.count + (
+        "re-planned" in record.getMessage()))
+    logging.getLogger("beam_supertable.table.merge_insert").addHandler(replans)
+    logging.getLogger("beam_supertable.table.merge_insert").setLevel(logging.INFO)
     table = Supertable.open(uri)
     print("READY", flush=True)
     sys.stdin.readline()
@@ -48,6 +53,7 @@ def main(argv):
         counts = [result.num_inserted_rows, result.num_updated_rows, result.num_deleted_rows]
         print(json.dumps({"token": token, "rows": rows, "delete": delete, "counts": counts,
                           "version": result.version}), flush=True)
+    print(f"REPLANS {replans.count}", flush=True)
     print(f"RETRIES {retries.count}", flush=True)
     print("DONE", flush=True)
 
