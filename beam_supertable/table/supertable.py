@@ -443,6 +443,10 @@ class Supertable:
         the key columns of superfiles whose key range and bloom filter may
         hold one of the keys.
 
+        It is ``merge_insert().when_matched_update_all()
+        .when_not_matched_insert_all().execute(data)`` (see ``merge_insert``
+        for conditions and deleting what a source lacks).
+
         Args:
             token: as for ``append``.
             metadata: as for ``append``.
