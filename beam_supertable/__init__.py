@@ -23,6 +23,7 @@ from beam_supertable.errors import (
 from beam_supertable.format.consumers import Consumer
 from beam_supertable.format.manifest import Snapshot, VacuumPlan, VacuumReport
 from beam_supertable.table.inspection import inspect_table
+from beam_supertable.table.merge_insert import MergeInsertBuilder, MergeResult
 from beam_supertable.table.optimize import OptimizeGroup, OptimizePlan
 from beam_supertable.table.supertable import Supertable
 from beam_supertable.errors import TagExistsError, TagNotFoundError  # noqa: E402 - tags
@@ -32,7 +33,7 @@ __all__ = [
     "__version__",
     # the table
     "Supertable", "Snapshot", "OptimizeGroup", "OptimizePlan", "VacuumPlan", "VacuumReport",
-    "Consumer", "inspect_table",
+    "Consumer", "inspect_table", "MergeInsertBuilder", "MergeResult",
     # the Beam transforms
     "CommitResult", "ReadChangesFromSupertable", "ReadFromSupertable", "UpsertToSupertable", "UpsertWriteResult",
     "WriteResult", "WriteToSupertable",

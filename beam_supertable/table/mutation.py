@@ -93,6 +93,7 @@ class Mutation:
         self._base_version = base_version
         self._found: Dict[str, Tuple[np.ndarray, np.ndarray]] = {}
         self._vectors: Dict[Tuple[str, bytes], str] = {}
+        self.removed_rows = 0
 
     # -- resolution --------------------------------------------------------
     def live(self, base: Snapshot) -> Dict[str, Tuple[np.ndarray, np.ndarray]]:
@@ -163,6 +164,8 @@ class Mutation:
         held = base.properties.get(FRONTIER)
         check_frontier(self._table.uri, self._frontier, held, base.version)
         removed = self.live(base)
+        # What the request on the last base tried removes (a result's count).
+        self.removed_rows = int(sum(len(rows) for rows, _ in removed.values()))
         if self._refuse_live and removed:
             sf, (rows, which) = next(iter(removed.items()))
             raise DuplicateKeyError(

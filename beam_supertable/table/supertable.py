@@ -44,7 +44,9 @@ from beam_supertable.iceberg import metadata as iceberg_meta
 from beam_supertable.table import changes as change_feed
 from beam_supertable.table import consumers as feed_consumers
 from beam_supertable.table.dataset import LiveRows
+from beam_supertable.table.merge_insert import MergeInsertBuilder, MergeResult
 from beam_supertable.table.mutation import FRONTIER, Mutation
+from beam_supertable.table import update as _update
 from beam_supertable.table import search as _search
 from beam_supertable.table import tags as _tags
 from beam_supertable.table import writes as _writes
@@ -448,6 +450,10 @@ class Supertable:
         the key columns of superfiles whose key range and bloom filter may
         hold one of the keys.
 
+        It is ``merge_insert().when_matched_update_all()
+        .when_not_matched_insert_all().execute(data)`` (see ``merge_insert``
+        for conditions and deleting what a source lacks).
+
         Args:
             token: as for ``append``.
             metadata: as for ``append``.
@@ -469,9 +475,11 @@ class Supertable:
             raise SchemaMismatchError(
                 f"{self.uri}: upsert needs a keyed table; this one has no primary key "
                 f"(create it with primary_key=...), use append")
-        return self._writer.write(data, "upsert", token=token, metadata=metadata,
-                                  frontier=frontier, max_retries=max_retries, n_shards=n_shards,
-                                  memory_budget_bytes=memory_budget_bytes)
+        # The builder's common case (``merge_insert.MergeInsertBuilder``), on its key path.
+        return (self.merge_insert().when_matched_update_all().when_not_matched_insert_all()
+                .execute(data, token=token, metadata=metadata, frontier=frontier,
+                         max_retries=max_retries, n_shards=n_shards,
+                         memory_budget_bytes=memory_budget_bytes).version)
 
     def delete(self, filter: pc.Expression, *, token: Optional[str] = None,  # noqa: A002
                metadata: Optional[Dict[str, Any]] = None, frontier: Optional[int] = None,
@@ -495,6 +503,66 @@ class Supertable:
                             frontier=self._writer.frontier_arg(frontier, token), token=token,
                             metadata=metadata, base_version=self.version)
         return self.commit_superfiles((), mutation, max_retries=max_retries)
+
+    # -- merge_insert, update, restore (table/merge_insert.py, table/update.py) --
+    def merge_insert(self, on: Union[str, Sequence[str], None] = None) -> MergeInsertBuilder:
+        """A builder of a conditional upsert, LanceDB's ``merge_insert``.
+
+        ``on`` names the columns matching source and target rows: by default
+        (and only) the primary key on a keyed table; required on a table
+        without one. Add clauses, then ``execute(rows)``: one commit (none
+        when nothing changes), returning a ``MergeResult``::
+
+            t.merge_insert("id") \\
+             .when_matched_update_all(where=pc.field("source.ts") > pc.field("target.ts")) \\
+             .when_not_matched_insert_all() \\
+             .when_not_matched_by_source_delete() \\
+             .execute(rows)
+
+        ``upsert(rows)`` is ``merge_insert().when_matched_update_all()
+        .when_not_matched_insert_all().execute(rows)``.
+
+        Raises:
+            SchemaMismatchError: ``on`` missing on a key-less table, naming
+                an unknown column, or other than the primary key of a keyed one.
+        """
+        return MergeInsertBuilder(self, on)
+
+    def update(self, where: Optional[pc.Expression], values: Dict[str, Any], *,
+               metadata: Optional[Dict[str, Any]] = None,
+               max_retries: int = DEFAULT_MAX_RETRIES) -> MergeResult:
+        """Sets ``values`` on the live rows matching ``where`` (all rows when None), one commit.
+
+        ``values`` maps a column to a scalar or a pyarrow expression over the
+        row's columns (``{"v": pc.field("v") + 1}``), evaluated on the old
+        row. Updated rows are written anew (a vector is re-assigned to its
+        cell, text re-indexed); the change feed shows each as a retraction
+        and an insertion. Nothing matching commits nothing.
+
+        Returns:
+            A ``MergeResult`` with ``num_updated_rows`` and ``version``.
+
+        Raises:
+            SchemaMismatchError: an unknown column, a primary-key column, a
+                value that does not fit its column (each named).
+        """
+        return _update.update(self, where, values, metadata=metadata, max_retries=max_retries)
+
+    def restore(self, version: int, *, metadata: Optional[Dict[str, Any]] = None,
+                max_retries: int = DEFAULT_MAX_RETRIES) -> int:
+        """Commits a new version whose rows (and schema) equal ``version`` 's.
+
+        A commit, not a rewind: history, tokens and consumers stay, and the
+        change feed over the restore retracts the rows only live now and
+        inserts the rows only live then (rows live in both are untouched).
+
+        Returns:
+            The new version (this handle moves to it).
+
+        Raises:
+            VersionNotFoundError: ``version`` is unknown or vacuumed (named).
+        """
+        return _update.restore(self, version, metadata=metadata, max_retries=max_retries)
 
     def write_superfiles(self, data: Data, *, n_shards: Optional[int] = None,
                          conformed: bool = False) -> tuple:

@@ -32,6 +32,7 @@ class Writer:
         # Weak: a handle and its caches go as soon as the handle is dropped.
         self.table = weakref.proxy(table)
         self._written: Optional[tuple] = None   # (entry ids, rows) of the commit under way
+        self.last_rows = self.last_removed = 0   # rows given, rows replaced by the last write
 
     def write(self, data: Data, operation: str, *, token, metadata, frontier, max_retries,
                n_shards, memory_budget_bytes) -> int:
@@ -53,6 +54,7 @@ class Writer:
         mutation = Mutation(self.table, operation, keys=keys, refuse_live=operation == "append",
                             frontier=frontier, token=token, metadata=metadata,
                             base_version=self.table.version)
+        self.last_rows, self.last_removed = table.num_rows, 0
         if table.num_rows == 0 and frontier is None:
             return self.table.version
         if operation == "append" and keys is not None and token is None:
@@ -65,8 +67,10 @@ class Writer:
         entries, stamp = self.table.write_superfiles(table, n_shards=n_shards, conformed=True)
         # The probe law of this commit samples these rows, not read back.
         self._written = (frozenset(e["id"] for e in entries), table)
-        return self.table.commit_superfiles(entries, mutation, grids=stamp.values(),
-                                            max_retries=max_retries)
+        version = self.table.commit_superfiles(entries, mutation, grids=stamp.values(),
+                                               max_retries=max_retries)
+        self.last_removed = mutation.removed_rows
+        return version
 
     def frontier_arg(self, frontier, token: Optional[str]) -> Optional[int]:
         """``frontier`` checked for type and, before anything is written, against
