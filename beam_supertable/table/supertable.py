@@ -548,9 +548,10 @@ class Supertable:
         """
         return _update.update(self, where, values, metadata=metadata, max_retries=max_retries)
 
-    def restore(self, version: int, *, metadata: Optional[Dict[str, Any]] = None,
+    def restore(self, version: Union[int, str], *, metadata: Optional[Dict[str, Any]] = None,
                 max_retries: int = DEFAULT_MAX_RETRIES) -> int:
-        """Commits a new version whose rows (and schema) equal ``version`` 's.
+        """Commits a new version whose rows (and schema) equal ``version`` 's
+        (a version number or a tag's name).
 
         A commit, not a rewind: history, tokens and consumers stay, and the
         change feed over the restore retracts the rows only live now and
@@ -562,7 +563,8 @@ class Supertable:
         Raises:
             VersionNotFoundError: ``version`` is unknown or vacuumed (named).
         """
-        return _update.restore(self, version, metadata=metadata, max_retries=max_retries)
+        return _update.restore(self, _tags.resolve(self._store, version), metadata=metadata,
+                               max_retries=max_retries)
 
     def write_superfiles(self, data: Data, *, n_shards: Optional[int] = None,
                          conformed: bool = False) -> tuple:

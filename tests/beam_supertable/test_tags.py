@@ -47,6 +47,9 @@ def test_a_tagged_version_survives_vacuum_and_opens_by_name(tmp_path):
     assert shown["list"] == [{"name": "before-cleanup", "version": 2}]
     assert shown["held"]["versions"] == 1 and shown["held"]["bytes"] > 0
 
+    t.restore("before-cleanup")     # restore takes a tag's name too
+    assert _rows(Supertable.open(t.uri)) == tagged_rows
+
 
 def test_deleting_a_tag_lets_the_next_vacuum_remove_what_only_it_held(tmp_path):
     t = _table(tmp_path)
