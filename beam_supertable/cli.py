@@ -53,7 +53,8 @@ from beam_supertable.format.vacuum import DEFAULT_VACUUM_GRACE_S
 from beam_supertable.format.writer import TARGET_SUPERFILE_BYTES
 from beam_supertable.table.inspection import inspect_table
 
-__all__ = ["Progress", "format_inspection", "main", "parse_bytes", "parse_duration"]
+__all__ = ["Progress", "format_inspection", "main", "parse_bytes", "parse_duration",
+           "table_location_problem"]
 
 PROG = program_name("python -m beam_supertable")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -65,6 +66,36 @@ _BYTES = re.compile(r"(\d+)\s*([kmgt]i?b|b)?", re.IGNORECASE)
 
 # The stores' clients log retries and housekeeping; shown with --verbose.
 _NOISY_LOGGERS = ("fsspec", "s3fs", "botocore", "aiobotocore", "urllib3")
+
+
+# Options fsspec's local and memory filesystems take; anything else they would ignore.
+_FS_OPTIONS = ("listings_expiry_time", "max_paths", "skip_instance_cache", "use_listings_cache")
+_LOCAL_OPTIONS = {"file": ("auto_mkdir",) + _FS_OPTIONS, "memory": _FS_OPTIONS}
+
+
+def table_location_problem(flag: str, uri: Optional[str],
+                           storage_options: Optional[dict] = None) -> Optional[str]:
+    """What is wrong with a table's location, as one line naming ``flag``; None if nothing.
+
+    The same for the jobs and this command line: an empty path, a local path
+    that is a file, and storage options a local or memory table cannot take
+    (fsspec would ignore them silently).
+    """
+    if uri is None or not uri.strip():
+        return f"{flag}: empty path"
+    scheme = "file" if "://" not in uri else uri.split("://", 1)[0].lower()
+    if scheme == "file":
+        path = uri[len("file://"):] if uri.startswith("file://") else uri
+        if os.path.exists(path) and not os.path.isdir(path):
+            return f"{flag} {uri}: is a file, not a table (a table is a folder)"
+    allowed = _LOCAL_OPTIONS.get(scheme)
+    if allowed is not None and storage_options:
+        unknown = sorted(k for k in storage_options if k not in allowed)
+        if unknown:
+            where = "a local table" if scheme == "file" else "a memory:// table"
+            return (f"--storage-options: {unknown[0]!r} is not an option of {where} "
+                    f"(it takes {', '.join(allowed)})")
+    return None
 
 
 # -- argument types ------------------------------------------------------------
@@ -398,10 +429,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.table and args.uri and args.table != args.uri:
         parser.exit(EXIT_USAGE, f"{prog}: error: the table twice: --table {args.table} and "
                                 f"{args.uri}\n")
-    args.uri = args.table or args.uri
-    if not args.uri:
+    args.uri = args.table if args.table is not None else args.uri
+    if args.uri is None:
         parser.exit(EXIT_USAGE, f"{prog}: error: the following arguments are required: "
                                 "--table\n")
+    problem = table_location_problem("--table", args.uri, args.storage_options)
+    if problem:
+        print(f"{prog}: error: {problem}", file=sys.stderr)
+        return EXIT_FAILED
     if args.command == "drop-consumer":
         try:
             args.name = _consumer_name(args)

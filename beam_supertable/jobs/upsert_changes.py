@@ -19,7 +19,7 @@ from beam_supertable.jobs.io_formats import (
     change_to_parquet_row, is_parquet, read_rows, to_json)
 from beam_supertable.jobs.options import (
     DeadLetters, JobParser, add_max_invalid, check_invalid, counter_totals, job_argv, local_parents,
-    new_run_id, parse, require_input, run_pipeline, writable_file)
+    new_run_id, parse, require_input, run_pipeline, output_file)
 from beam_supertable.jobs.options import main as job_main
 from beam_upsert import Upsert
 from beam_upsert.metrics import NAMESPACE
@@ -91,7 +91,7 @@ def summarize(result) -> dict:
 def run(argv: Optional[List[str]] = None) -> dict:
     """Runs the job; returns its counters (RejectedRun past ``--max-invalid``)."""
     options, args = parse(build_parser(), job_argv(argv))
-    writable_file("--output", args.output)
+    output_file("--output", args.output, parquet=True)
     require_input("--commands", args.commands or DEFAULT_COMMANDS)
     if args.prior:
         require_input("--prior", args.prior)

@@ -55,7 +55,7 @@ from beam_supertable.jobs.io_formats import (
 from beam_supertable.jobs.options import (
     DeadLetters, JobError, JobParser, add_dead_letters, add_max_invalid, add_storage_options,
     check_invalid, counter_totals, default_dead_letters, job_argv, local_parents, new_run_id,
-    open_table, parse, require_input, run_pipeline, same_columns, split_columns, storage_options)
+    open_table, parse, require_input, run_pipeline, schema_difference, split_columns, storage_options)
 from beam_supertable.jobs.options import main as job_main
 from beam_supertable.transforms.upsert_write import NAMESPACE as TABLE_NAMESPACE
 from beam_upsert import Invalid, UpsertCommand
@@ -333,9 +333,9 @@ def plan(args) -> Plan:
         if given_keys and given_keys != keys:
             raise JobError(f"--primary-key {args.primary_key}: the table at {args.table} is "
                            f"keyed by {','.join(keys)}")
-        if schema is not None and not same_columns(schema, table.user_schema):
-            raise JobError(f"--schema does not match the table at {args.table}, which has "
-                           f"{table.user_schema.names}")
+        differs = schema_difference(schema, table.user_schema) if schema is not None else None
+        if differs:
+            raise JobError(f"--schema does not match the table at {args.table}: {differs}")
         if args.replay:   # the records are checked one by one (prepare_replay)
             return Plan(None, keys, schema, {}, options)
     pattern = args.commands or DEFAULT_COMMANDS
