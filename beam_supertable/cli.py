@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import difflib
 import json
 import logging
 import os
@@ -204,6 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
     positive_duration = _argument_type(parse_positive_duration, "duration")
     nbytes = _argument_type(parse_bytes, "byte size")
     count = _argument_type(_positive_int, "count")
+    subcommands: dict = {}
+    parser.set_defaults(subcommands=subcommands)
 
     def command(name: str, help_text: str, under=commands) -> argparse.ArgumentParser:
         sub = under.add_parser(name, help=help_text, description=help_text,
@@ -211,7 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--table", dest="table", metavar="URI", default=None,
                          help="the table: a local path, memory://..., s3://bucket/prefix, ... "
                               "(required)")
-        sub.add_argument("uri", metavar="URI", nargs="?", default=None, help=argparse.SUPPRESS)
+        sub.add_argument("uri", metavar="URI", nargs="?", default=None,
+                         help="the table, given without --table (either form; not both)")
+        subcommands[sub.prog[len(PROG) + 1:]] = sub
         sub.add_argument("--storage-options", type=_argument_type(_storage_options, "JSON"),
                          default=None, metavar="JSON",
                          help="fsspec storage options as a JSON object")
@@ -281,6 +286,18 @@ def build_parser() -> argparse.ArgumentParser:
                           help="the catalog's name, as pyiceberg's SqlCatalog(NAME, uri=...) "
                                "is opened (default: default)")
     return parser
+
+
+def _unknown_message(arg: str, parser: argparse.ArgumentParser) -> str:
+    """An argument the subcommand does not take, with the closest flag it does take."""
+    if not arg.startswith("-"):
+        return f"{arg!r}: unexpected argument (the table goes once, as --table or alone)"
+    flag = arg.split("=", 1)[0]
+    flags = [s for a in parser._actions for s in a.option_strings  # noqa: SLF001
+             if s.startswith("--")]
+    close = difflib.get_close_matches(flag, flags, n=1, cutoff=0.6)
+    return f"{flag}: unknown flag; " + (f"did you mean {close[0]}?" if close
+                                       else "--help lists the flags")
 
 
 # -- the commands --------------------------------------------------------------
@@ -422,8 +439,12 @@ _COMMANDS = {"inspect": _inspect, "optimize": _optimize, "vacuum": _vacuum,
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Runs one subcommand; returns the exit status (see the module docstring)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
-    prog = f"{PROG} {args.command}"
+    args, extra = parser.parse_known_args(argv)
+    name = args.command + (f" {args.iceberg_command}" if args.command == "iceberg" else "")
+    prog = f"{PROG} {name}"
+    if extra:
+        sub = args.subcommands.get(name, parser)
+        sub.error(_unknown_message(extra[0], sub))
     if args.command == "drop-consumer" and args.table and args.uri and not args.name_arg:
         args.name_arg, args.uri = args.uri, None   # drop-consumer --table URI NAME
     if args.table and args.uri and args.table != args.uri:
