@@ -105,3 +105,10 @@ def test_blocks_not_run_are_few_and_say_why():
         assert len(code.splitlines()[0]) > len(NOT_RUN) + 5, (path, line)
     total = sum(len(blocks(p)) for p in pages())
     assert len(skipped) <= max(3, total // 5), skipped
+
+
+if __name__ == "__main__":   # python tests/test_docs_snippets.py PAGE...: run pages here
+    import tempfile
+    for page in sys.argv[1:]:
+        with tempfile.TemporaryDirectory() as scratch:
+            print(page, json.dumps(run_page(page, scratch), indent=1))
