@@ -21,7 +21,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOT_RUN = "# not run here:"
-_FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?:python|py)\s*$")
+_FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?:python|py)(?:\s.*)?$")
 PAGE_TIMEOUT_S = 300
 
 # Runs one page's blocks: argv[1] a JSON list of [line, code, run]; prints a JSON result.
