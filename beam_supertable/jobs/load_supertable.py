@@ -27,13 +27,13 @@ from beam_supertable import Supertable
 from beam_supertable._program import program_name
 from beam_supertable.format.row_reasons import row_problem
 from beam_supertable.jobs.file_rows import (
-    BAD_TAG, FORMATS, check_format, coerce_row, dead_letter, format_of, infer_schema, parse_schema,
-    read_rows, sample_rows)
+    BAD_TAG, FORMATS, coerce_row, dead_letter, infer_schema, parse_schema, read_rows,
+    sample_rows)
 from beam_supertable.jobs.io_formats import JOB_NAMESPACE, to_json
 from beam_supertable.jobs.options import (
     DeadLetters, JobError, JobParser, add_dead_letters, add_max_invalid, add_storage_options,
-    check_invalid, counter_totals, default_dead_letters, job_argv, local_parents, new_run_id,
-    open_table, parse, positive_int, require_input, run_pipeline, schema_difference, split_columns,
+    check_invalid, counter_totals, default_dead_letters, input_format, job_argv, local_parents,
+    new_run_id, open_table, parse, positive_int, require_input, run_pipeline, schema_difference, split_columns,
     storage_options)
 from beam_supertable.jobs.options import main as job_main
 from beam_supertable.transforms import NAMESPACE as TABLE_NAMESPACE
@@ -181,11 +181,7 @@ def plan(args) -> Plan:
     pattern = args.input or DEFAULT_INPUT
     options = storage_options(args)
     path = require_input("--input", pattern)
-    try:
-        fmt = format_of(pattern, args.format)
-        check_format(path, fmt)
-    except ValueError as exc:
-        raise JobError(_in_path(path, exc)) from None
+    fmt = input_format("--input", path, args.format)
     job_id = args.job_id or (SAMPLE_JOB_ID if sample else None)
     schema = None
     if args.schema:

@@ -414,6 +414,21 @@ def require_input(flag: str, pattern: str) -> str:
     return sorted(m.path for m in metadata)[0]
 
 
+def input_format(flag: str, path: str, explicit: Optional[str] = None) -> str:
+    """The format of the input file at ``path`` (named, or by its extension), checked
+    against what the file's first bytes look like; JobError naming ``flag`` and the
+    format the file looks like when they disagree."""
+    from beam_supertable.jobs.file_rows import check_format, format_of
+    try:
+        fmt = format_of(path, explicit)
+        check_format(path, fmt)
+    except ValueError as exc:
+        text = str(exc)
+        raise JobError(f"{flag} {text}" if text.startswith(path)
+                       else f"{flag} {path}: {text}") from None
+    return fmt
+
+
 def open_table(flag: str, uri: str, options: Optional[dict], *, must_exist: bool = False):
     """The table at ``uri``, or None where none is yet (a new table may be made there).
 

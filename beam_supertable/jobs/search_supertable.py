@@ -34,11 +34,11 @@ from apache_beam.metrics import Metrics
 
 from beam_supertable._program import program_name
 from beam_supertable.jobs.file_rows import (
-    BAD_TAG, FORMATS, check_format, dead_letter, finite_vector, format_of, read_rows)
+    BAD_TAG, FORMATS, dead_letter, finite_vector, read_rows)
 from beam_supertable.jobs.io_formats import JOB_NAMESPACE, to_json
 from beam_supertable.jobs.options import (
     DeadLetters, JobError, JobParser, add_max_invalid, add_storage_options, check_invalid,
-    counter_totals, job_argv, local_parents, new_run_id, open_table, parse, positive_int,
+    counter_totals, input_format, job_argv, local_parents, new_run_id, open_table, parse, positive_int,
     output_file, require_input, run_pipeline, storage_options)
 from beam_supertable.jobs.options import main as job_main
 from beam_supertable.rag import (
@@ -247,14 +247,7 @@ class Plan(NamedTuple):
 def plan(args) -> Plan:
     options = storage_options(args)
     queries = args.queries or DEFAULT_QUERIES
-    path = require_input("--queries", queries)
-    try:
-        fmt = format_of(queries, args.format)
-        check_format(path, fmt)
-    except ValueError as exc:
-        text = str(exc)
-        raise JobError(f"--queries {text}" if text.startswith(path)
-                       else f"--queries {queries}: {text}") from None
+    fmt = input_format("--queries", require_input("--queries", queries), args.format)
     table = open_table("--table", args.table, options, must_exist=True)
     vp = table.properties.get("vector")
     text_index = "fts" in table.properties

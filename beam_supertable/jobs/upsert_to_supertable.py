@@ -54,7 +54,7 @@ from beam_supertable.jobs.io_formats import (
     JOB_NAMESPACE, command_row, parse_key, parse_time, to_json)
 from beam_supertable.jobs.options import (
     DeadLetters, JobError, JobParser, add_dead_letters, add_max_invalid, add_storage_options,
-    check_invalid, counter_totals, default_dead_letters, job_argv, local_parents, new_run_id,
+    check_invalid, counter_totals, default_dead_letters, input_format, job_argv, local_parents, new_run_id,
     open_table, parse, require_input, run_pipeline, schema_difference, split_columns, storage_options)
 from beam_supertable.jobs.options import main as job_main
 from beam_supertable.transforms.upsert_write import NAMESPACE as TABLE_NAMESPACE
@@ -350,7 +350,7 @@ def plan(args) -> Plan:
             return Plan(None, keys, schema, {}, options)
     pattern = args.commands or DEFAULT_COMMANDS
     path = require_input("--commands", pattern)
-    format_of(path)
+    input_format("--commands", path)
     rows = sample_commands(path)
     if table is not None:
         check_keys(path, keys, rows, new_table=False)

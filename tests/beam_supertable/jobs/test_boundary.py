@@ -36,6 +36,12 @@ CASES = {
                        "--schema", SCHEMA_8],
     "csv_holding_json": ["beam-supertable-load", "--input", "json.csv", "--table", "t_csv"],
     "jsonl_holding_csv": ["beam-supertable-load", "--input", "csv.jsonl", "--table", "t_csv"],
+    "upsert_jsonl_holding_csv": ["beam-supertable-upsert", "--commands", "csv.jsonl",
+                                 "--table", "t_csv"],
+    "changes_jsonl_holding_csv": ["beam-upsert-changes", "--commands", "csv.jsonl",
+                                  "--output", "changes/c.jsonl"],
+    "search_csv_holding_json": ["beam-supertable-search", "--queries", "json.csv",
+                                "--table", "t"],
     "empty_into_table": ["beam-supertable-load", "--input", "empty.jsonl", "--table", "t"],
     "empty_with_schema": ["beam-supertable-load", "--input", "empty.jsonl", "--table",
                           "t_empty", "--schema", "id:int64,body:string"],
@@ -147,7 +153,13 @@ def test_a_file_holding_another_format_is_named_as_it_looks(runs):
         "or rename the file")
     assert "--input csv.jsonl: read as JSON lines, but it looks like CSV; pass --format csv" \
         in _one_line(got["jsonl_holding_csv"])
-    assert not (folder / "t_csv").exists()
+    for name, flag in (("upsert_jsonl_holding_csv", "--commands"),
+                       ("changes_jsonl_holding_csv", "--commands")):
+        assert f"{flag} csv.jsonl: read as JSON lines, but it looks like CSV" in \
+            _one_line(got[name])
+    assert "--queries json.csv: read as CSV, but it looks like JSON lines" in \
+        _one_line(got["search_csv_holding_json"])
+    assert not (folder / "t_csv").exists() and not (folder / "changes").exists()
 
 
 def test_an_empty_input_is_a_run_that_loads_nothing(runs):
