@@ -69,7 +69,8 @@ def blocks(path):
 
 def run_page(path, folder):
     todo = blocks(path)
-    env = {**os.environ, "PYTHONPATH": ROOT}
+    # The blocks' temporary folders go under the page's own folder, removed with it.
+    env = {**os.environ, "PYTHONPATH": ROOT, "TMPDIR": str(folder)}
     done = subprocess.run([sys.executable, "-c", _RUNNER, json.dumps(todo)], cwd=folder,
                           env=env, capture_output=True, text=True, timeout=PAGE_TIMEOUT_S)
     last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
