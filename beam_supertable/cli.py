@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import difflib
 import importlib
 import json
 import logging
@@ -63,7 +64,8 @@ from beam_supertable.format.vacuum import DEFAULT_VACUUM_GRACE_S
 from beam_supertable.format.writer import TARGET_SUPERFILE_BYTES
 from beam_supertable.table.inspection import inspect_table
 
-__all__ = ["Progress", "format_inspection", "main", "parse_bytes", "parse_duration"]
+__all__ = ["Progress", "format_inspection", "main", "parse_bytes", "parse_duration",
+           "table_location_problem"]
 
 PROG = program_name("python -m beam_supertable")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -75,6 +77,36 @@ _BYTES = re.compile(r"(\d+)\s*([kmgt]i?b|b)?", re.IGNORECASE)
 
 # The stores' clients log retries and housekeeping; shown with --verbose.
 _NOISY_LOGGERS = ("fsspec", "s3fs", "botocore", "aiobotocore", "urllib3")
+
+
+# Options fsspec's local and memory filesystems take; anything else they would ignore.
+_FS_OPTIONS = ("listings_expiry_time", "max_paths", "skip_instance_cache", "use_listings_cache")
+_LOCAL_OPTIONS = {"file": ("auto_mkdir",) + _FS_OPTIONS, "memory": _FS_OPTIONS}
+
+
+def table_location_problem(flag: str, uri: Optional[str],
+                           storage_options: Optional[dict] = None) -> Optional[str]:
+    """What is wrong with a table's location, as one line naming ``flag``; None if nothing.
+
+    The same for the jobs and this command line: an empty path, a local path
+    that is a file, and storage options a local or memory table cannot take
+    (fsspec would ignore them silently).
+    """
+    if uri is None or not uri.strip():
+        return f"{flag}: empty path"
+    scheme = "file" if "://" not in uri else uri.split("://", 1)[0].lower()
+    if scheme == "file":
+        path = uri[len("file://"):] if uri.startswith("file://") else uri
+        if os.path.exists(path) and not os.path.isdir(path):
+            return f"{flag} {uri}: is a file, not a table (a table is a folder)"
+    allowed = _LOCAL_OPTIONS.get(scheme)
+    if allowed is not None and storage_options:
+        unknown = sorted(k for k in storage_options if k not in allowed)
+        if unknown:
+            where = "a local table" if scheme == "file" else "a memory:// table"
+            return (f"--storage-options: {unknown[0]!r} is not an option of {where} "
+                    f"(it takes {', '.join(allowed)})")
+    return None
 
 
 # -- argument types ------------------------------------------------------------
@@ -183,11 +215,14 @@ def build_parser() -> argparse.ArgumentParser:
     positive_duration = _argument_type(parse_positive_duration, "duration")
     nbytes = _argument_type(parse_bytes, "byte size")
     count = _argument_type(_positive_int, "count")
+    subcommands: dict = {}
+    parser.set_defaults(subcommands=subcommands)
 
     def options(sub: argparse.ArgumentParser) -> None:
         sub.add_argument("--table", dest="table", metavar="URI", default=None,
                          help="the table: a local path, memory://..., s3://bucket/prefix, ... "
                               "(required)")
+        subcommands[sub.prog[len(PROG) + 1:]] = sub
         sub.add_argument("--storage-options", type=_argument_type(_storage_options, "JSON"),
                          default=None, metavar="JSON",
                          help="fsspec storage options as a JSON object")
@@ -197,7 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
         sub = under.add_parser(name, help=help_text, description=help_text,
                                formatter_class=_HelpFormatter, allow_abbrev=False)
         options(sub)
-        sub.add_argument("uri", metavar="URI", nargs="?", default=None, help=argparse.SUPPRESS)
+        sub.add_argument("uri", metavar="URI", nargs="?", default=None,
+                         help="the table, given without --table (either form; not both)")
         return sub
 
     def vacuum_options(sub: argparse.ArgumentParser, what: str) -> None:
@@ -273,6 +309,18 @@ def build_parser() -> argparse.ArgumentParser:
     spec.add_argument("job", metavar="JOB", help="the job's console script (beam-supertable-load, "
                                                  "...) or module (load_supertable, ...)")
     return parser
+
+
+def _unknown_message(arg: str, parser: argparse.ArgumentParser) -> str:
+    """An argument the subcommand does not take, with the closest flag it does take."""
+    if not arg.startswith("-"):
+        return f"{arg!r}: unexpected argument (the table goes once, as --table or alone)"
+    flag = arg.split("=", 1)[0]
+    flags = [s for a in parser._actions for s in a.option_strings  # noqa: SLF001
+             if s.startswith("--")]
+    close = difflib.get_close_matches(flag, flags, n=1, cutoff=0.6)
+    return f"{flag}: unknown flag; " + (f"did you mean {close[0]}?" if close
+                                       else "--help lists the flags")
 
 
 # -- the commands --------------------------------------------------------------
@@ -415,8 +463,12 @@ _COMMANDS = {"inspect": _inspect, "optimize": _optimize, "vacuum": _vacuum,
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Runs one subcommand; returns the exit status (see the module docstring)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
-    prog = f"{PROG} {args.command}"
+    args, extra = parser.parse_known_args(argv)
+    name = args.command + (f" {args.iceberg_command}" if args.command == "iceberg" else "")
+    prog = f"{PROG} {name}"
+    if extra:
+        sub = args.subcommands.get(name, parser)
+        sub.error(_unknown_message(extra[0], sub))
     if args.command == "template-spec":
         # The jobs sit above this module's layer: reached by name, as _launch does.
         spec = importlib.import_module("beam_supertable.jobs.template_spec")
@@ -431,10 +483,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.table and args.uri and args.table != args.uri:
         parser.exit(EXIT_USAGE, f"{prog}: error: the table twice: --table {args.table} and "
                                 f"{args.uri}\n")
-    args.uri = args.table or args.uri
-    if not args.uri:
+    args.uri = args.table if args.table is not None else args.uri
+    if args.uri is None:
         parser.exit(EXIT_USAGE, f"{prog}: error: the following arguments are required: "
                                 "--table\n")
+    problem = table_location_problem("--table", args.uri, args.storage_options)
+    if problem:
+        print(f"{prog}: error: {problem}", file=sys.stderr)
+        return EXIT_FAILED
     if args.command == "drop-consumer":
         try:
             args.name = _consumer_name(args)

@@ -1,8 +1,9 @@
 """Keep an embedding table in step with a document table by its change feed.
 
 Run ``python -m examples.change_feed`` (or ``python examples/change_feed.py``)
-from the repository root. It works in a fresh temporary directory unless
-``--dir`` names one, and prints what each sync did.
+from the repository root. It works in a fresh temporary directory, printed
+first and removed at the end, unless ``--dir`` names one to keep, and prints
+what each sync did.
 
 A keyed table of documents changes (new, edited and deleted documents). A sync
 reads its changes since the version the last sync reached with
@@ -31,6 +32,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from beam_supertable import Supertable  # noqa: E402 - imports no Beam
+from beam_supertable.jobs._launch import quiet_logging  # noqa: E402 - imports no Beam
 from examples.rag_pipeline import DIM, embed  # noqa: E402 - a stand-in embedding model
 
 DOCUMENTS = pa.schema([("doc", pa.string()), ("body", pa.string())])
@@ -87,10 +89,20 @@ def sync(documents: str, embeddings: str, position: str) -> dict:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dir", help="where the two tables go (default: a new temporary "
-                                      "directory)")
+    parser.add_argument("--dir", help="where the two tables go, kept (default: a new "
+                                      "temporary directory, removed at the end)")
     args = parser.parse_args(argv)
-    where = args.dir or tempfile.mkdtemp(prefix="change-feed-")
+    quiet_logging()   # Beam's import-time messages, as the jobs hide them
+    if args.dir:
+        print(f"tables in {args.dir}")
+        _run(args.dir)
+        return
+    with tempfile.TemporaryDirectory(prefix="change-feed-") as where:
+        print(f"tables in {where} (removed at the end; --dir DIR keeps them)")
+        _run(where)
+
+
+def _run(where: str) -> None:
     documents = os.path.join(where, "documents")
     embeddings = os.path.join(where, "embeddings")
     position = os.path.join(where, "position.json")

@@ -36,6 +36,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 # Beam is imported where it is used, once --table is checked: importing it can
 # log (optional filesystems it cannot load), and a refusal prints one line.
 from beam_supertable import Supertable  # noqa: E402 - imports no Beam
+from beam_supertable.jobs._launch import quiet_logging  # noqa: E402 - imports no Beam
 
 if TYPE_CHECKING:
     from apache_beam.ml.rag.types import Chunk
@@ -170,12 +171,23 @@ def retrieve(table: str, questions: List[str], k: int, mode: str) -> Dict[str, L
     return answers
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be >= 1")
+    return value
+
+
 def run(argv: Optional[List[str]] = None) -> Dict[str, List[str]]:
     parser = argparse.ArgumentParser(prog="python -m examples.rag_pipeline", description=__doc__)
     parser.add_argument("--table", default=DEFAULT_TABLE, help="default: %(default)s")
-    parser.add_argument("--k", type=int, default=2, help="chunks per question")
+    parser.add_argument("--k", type=_positive_int, default=2, help="chunks per question")
     parser.add_argument("--mode", default="hybrid", choices=("vector", "text", "hybrid"))
     args = parser.parse_args(argv)
+    quiet_logging()   # Beam's import-time messages, as the jobs hide them
     problem = table_problem(args.table)
     if problem is not None:
         print(f"rag_pipeline: refusing --table: {problem}", file=sys.stderr)

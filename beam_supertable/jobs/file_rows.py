@@ -49,6 +49,49 @@ def format_of(path: str, explicit: Optional[str] = None) -> str:
                      f"({', '.join(_EXTENSIONS)}); name it with --format")
 
 
+_FORMAT_NAMES = {"parquet": "Parquet", "jsonl": "JSON lines", "csv": "CSV"}
+_SNIFF_BYTES = 1 << 20
+
+
+def looks_like(path: str) -> Optional[str]:
+    """The format the file's first bytes say (``parquet``, ``jsonl``, ``csv``); None when
+    it is empty or says nothing clear."""
+    with _open(path) as f:
+        head = f.read(4)
+        if head == b"PAR1":
+            return "parquet"
+        data = head
+        while b"\n" not in data and len(data) < _SNIFF_BYTES:
+            more = f.read(65536)
+            if not more:
+                break
+            data += more
+    text = data.decode("utf-8", "replace")
+    first = next((line.strip() for line in text.splitlines() if line.strip()), None)
+    if first is None:
+        return None
+    try:
+        value = json.loads(first)
+    except ValueError:
+        value = None
+        if first.startswith("{") and b"\n" not in data:
+            return "jsonl"   # a JSON object longer than what was read
+    if isinstance(value, dict):
+        return "jsonl"
+    if value is None and "," in first:
+        return "csv"
+    return None
+
+
+def check_format(path: str, fmt: str) -> None:
+    """ValueError, saying which format the file looks like, when it is not ``fmt``."""
+    seen = looks_like(path)
+    if seen is None or seen == fmt:
+        return
+    raise ValueError(f"{path}: read as {_FORMAT_NAMES[fmt]}, but it looks like "
+                     f"{_FORMAT_NAMES[seen]}; pass --format {seen} or rename the file")
+
+
 def parse_schema(spec: str) -> pa.Schema:
     """``"id:string,body:string,emb:float32[384]"`` -> a pyarrow schema.
 
@@ -92,6 +135,11 @@ def _sample_rows(path: str, fmt: str, limit: int) -> List[dict]:
             if len(rows) == limit:
                 break
         return rows
+
+
+def sample_rows(path: str, fmt: str, limit: int = INFER_SAMPLE_ROWS) -> List[dict]:
+    """Up to ``limit`` rows of the file at ``path`` (unreadable lines skipped)."""
+    return _sample_rows(path, fmt, limit)
 
 
 def _guess_text_type(values: List[str]) -> pa.DataType:

@@ -25,13 +25,15 @@ from apache_beam.metrics import Metrics
 
 from beam_supertable import Supertable
 from beam_supertable._program import program_name
+from beam_supertable.format.row_reasons import row_problem
 from beam_supertable.jobs.file_rows import (
-    BAD_TAG, FORMATS, coerce_row, dead_letter, format_of, infer_schema, parse_schema, read_rows)
+    BAD_TAG, FORMATS, coerce_row, dead_letter, infer_schema, parse_schema, read_rows,
+    sample_rows)
 from beam_supertable.jobs.io_formats import JOB_NAMESPACE, to_json
 from beam_supertable.jobs.options import (
     DeadLetters, JobError, JobParser, add_dead_letters, add_max_invalid, add_storage_options,
-    check_invalid, counter_totals, default_dead_letters, job_argv, local_parents, new_run_id,
-    open_table, parse, positive_int, require_input, run_pipeline, same_columns, split_columns,
+    check_invalid, counter_totals, default_dead_letters, input_format, job_argv, local_parents,
+    new_run_id, open_table, parse, positive_int, require_input, run_pipeline, schema_difference, split_columns,
     storage_options)
 from beam_supertable.jobs.options import main as job_main
 from beam_supertable.transforms import NAMESPACE as TABLE_NAMESPACE
@@ -148,15 +150,38 @@ def _check_columns(flag: str, path: str, held: pa.Schema, got: pa.Schema) -> Non
                        f"{held.names}, the file's {got.names}")
 
 
+def _check_values(flag: str, path: str, schema: pa.Schema, fmt: str, rows: List[dict],
+                  vector_column: Optional[str]) -> None:
+    """JobError when no sampled row fits a new table's schema: a wrong type (or a
+    vector of another dimension) in ``--schema`` would otherwise create the table
+    and reject every row."""
+    if not rows:
+        return
+    problems = []
+    for row in rows:
+        try:
+            row = coerce_row(row, schema) if fmt != "parquet" else row
+        except ValueError as exc:
+            problems.append(str(exc))
+            continue
+        problems.append(row_problem(row, schema, vector_column))
+    if all(problems):
+        raise JobError(f"{flag}: no row of {path} fits the new table's columns (the first: "
+                       f"{problems[0]}); nothing was written")
+
+
+def _in_path(path: str, exc: Exception) -> str:
+    """``--input PATH: why``, naming the path once."""
+    text = str(exc)
+    return f"--input {text}" if text.startswith(path) else f"--input {path}: {text}"
+
+
 def plan(args) -> Plan:
     sample = args.input is None
     pattern = args.input or DEFAULT_INPUT
     options = storage_options(args)
     path = require_input("--input", pattern)
-    try:
-        fmt = format_of(pattern, args.format)
-    except ValueError as exc:
-        raise JobError(f"--input {pattern}: {exc}") from None
+    fmt = input_format("--input", path, args.format)
     job_id = args.job_id or (SAMPLE_JOB_ID if sample else None)
     schema = None
     if args.schema:
@@ -166,10 +191,12 @@ def plan(args) -> Plan:
             raise JobError(str(exc)) from None
     table = open_table("--table", args.table, options)
     vector_column = args.vector_column
+    rows = sample_rows(path, fmt) if fmt != "parquet" else None
     if table is not None:
-        if schema is not None and not same_columns(schema, table.user_schema):
-            raise JobError(f"--schema does not match the table at {args.table}, which has "
-                           f"{table.user_schema.names}")
+        if schema is not None:
+            differs = schema_difference(schema, table.user_schema)
+            if differs:
+                raise JobError(f"--schema does not match the table at {args.table}: {differs}")
         vp, fts = table.properties.get("vector"), table.properties.get("fts")
         held_vector = vp["column"] if vp else None
         if vector_column and vector_column != held_vector:
@@ -179,20 +206,24 @@ def plan(args) -> Plan:
         if args.text_columns and split_columns(args.text_columns) != held_text:
             raise JobError(f"--text-columns {args.text_columns}: the table at {args.table} "
                            f"indexes {held_text}")
+        if rows == []:   # an empty input: nothing to check, nothing to load
+            return Plan(pattern, fmt, table.user_schema, {}, options, job_id)
         try:
             got = infer_schema(pattern, fmt, held_vector)
         except ValueError as exc:
-            raise JobError(f"--input {path}: {exc}") from None
+            raise JobError(_in_path(path, exc)) from None
         _check_columns("--input", path, table.user_schema, got)
         return Plan(pattern, fmt, table.user_schema, {}, options, job_id)
     vector = vector_column or (SAMPLE_VECTOR_COLUMN if sample else None)
     text = split_columns(args.text_columns or (SAMPLE_TEXT_COLUMNS if sample else None))
-    try:
-        inferred = infer_schema(pattern, fmt, vector if schema is None else None,
-                                text if schema is None else ())
-    except ValueError as exc:
-        raise JobError(f"--input {path}: {exc}" if not str(exc).startswith(path)
-                       else str(exc)) from None
+    if rows == [] and schema is not None:
+        inferred = schema
+    else:
+        try:
+            inferred = infer_schema(pattern, fmt, vector if schema is None else None,
+                                    text if schema is None else ())
+        except ValueError as exc:
+            raise JobError(_in_path(path, exc)) from None
     if schema is None:
         schema = inferred
     else:
@@ -201,6 +232,8 @@ def plan(args) -> Plan:
         if column and column not in schema.names:
             raise JobError(f"{flag} {column}: not a column of the table; its columns are "
                            f"{schema.names}")
+    _check_values("--schema" if args.schema else "--input", path, schema, fmt,
+                  rows if rows is not None else sample_rows(path, fmt), vector)
     return Plan(pattern, fmt, schema, {"vector_column": vector, "metric": args.metric,
                                        "fts_columns": text, "n_cells": args.n_cells},
                 options, job_id)

@@ -37,7 +37,7 @@ from beam_supertable.jobs.options import main as job_main
 
 
 def build_parser() -> JobParser:
-    parser = JobParser(PROG, __doc__)
+    parser = JobParser(PROG, __doc__, rejects=False)
     parser.add_argument("--table", required=True, metavar="URI",
                         help="the supertable to optimize (a local path, memory://..., s3://...)")
     parser.add_argument(

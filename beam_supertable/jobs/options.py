@@ -39,7 +39,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_supertable._version import __version__
-from beam_supertable.cli import parse_bytes
+from beam_supertable.cli import parse_bytes, table_location_problem
 from beam_supertable.jobs import flink
 from beam_supertable.jobs._launch import quiet_logging
 
@@ -72,14 +72,15 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 class JobParser(argparse.ArgumentParser):
     """argparse with one-line usage errors, no abbreviations and Beam's flags accepted."""
 
-    def __init__(self, prog: str, description: Optional[str]) -> None:
+    def __init__(self, prog: str, description: Optional[str], *, rejects: bool = True) -> None:
+        # ``rejects``: the job rejects input (--max-invalid, exit 3); optimize does not.
         super().__init__(
             prog=prog, description=description, formatter_class=HelpFormatter,
             allow_abbrev=False,
             epilog="Any Beam pipeline option (--runner, --flink_master, --environment_type, "
                    "--setup_file, ...) is accepted too. Exit status: 0 done; 1 an error "
-                   "(one line; --debug for the traceback); 2 a bad command line; 3 more "
-                   "input rejected than --max-invalid allows.")
+                   "(one line; --debug for the traceback); 2 a bad command line"
+                   + ("; 3 more input rejected than --max-invalid allows." if rejects else "."))
         self.add_argument("--version", action="version",
                           version=f"%(prog)s (beam-upsert-supertable {__version__})")
         self.add_argument("--verbose", action="store_true",
@@ -150,6 +151,7 @@ def parse(parser: JobParser, argv: Sequence[str]) -> Tuple[PipelineOptions, argp
     # ``--table``), so it is reported before a missing required one.
     argv = _switch_values(parser, argv)
     _refuse_repeats(parser, argv)
+    argv = _join_dash_values(parser, argv)
     required = [a for a in parser._actions if a.required]
     for action in required:
         action.required = False
@@ -165,7 +167,53 @@ def parse(parser: JobParser, argv: Sequence[str]) -> Tuple[PipelineOptions, argp
     missing = [a.option_strings[0] for a in required if getattr(args, a.dest) is None]
     if missing:
         parser.error(f"the following arguments are required: {', '.join(missing)}")
-    return flink.fill_defaults(PipelineOptions(rest), rest), args
+    options = flink.fill_defaults(PipelineOptions(rest), rest)
+    problem = runner_problem(options)
+    if problem:
+        parser.error(problem)
+    return options, args
+
+
+def _join_dash_values(parser: argparse.ArgumentParser, argv: Sequence[str]) -> List[str]:
+    """``--max-invalid -5%`` as ``--max-invalid=-5%``: a value that starts with ``-`` (and is
+    no flag) reaches the flag's own check instead of argparse's "expected one argument"."""
+    takes_value = {s for a in parser._actions for s in a.option_strings  # noqa: SLF001
+                   if a.nargs is None and not isinstance(
+                       a, (argparse._StoreTrueAction, argparse._StoreFalseAction,  # noqa: SLF001
+                           argparse._VersionAction, argparse._HelpAction))}  # noqa: SLF001
+    known = set(_flags_of(parser)) | set(_flags_of(_beam_parser()))
+    out: List[str] = []
+    items = list(argv)
+    i = 0
+    while i < len(items):
+        arg = items[i]
+        if (arg in takes_value and i + 1 < len(items) and items[i + 1].startswith("-")
+                and items[i + 1] != "--" and items[i + 1].split("=", 1)[0] not in known):
+            out.append(f"{arg}={items[i + 1]}")
+            i += 2
+            continue
+        out.append(arg)
+        i += 1
+    return out
+
+
+def runner_problem(options: PipelineOptions) -> Optional[str]:
+    """A ``--runner`` Beam does not know, as a usage error naming the runners; else None."""
+    from apache_beam.options.pipeline_options import StandardOptions
+    name = options.view_as(StandardOptions).runner
+    if not name or "." in name:   # the default, or a runner class by its full path
+        return None
+    known = list(getattr(StandardOptions, "ALL_KNOWN_RUNNERS", ()))
+    names = sorted({p.rsplit(".", 1)[-1] for p in known}
+                   | set(getattr(StandardOptions, "KNOWN_RUNNER_NAMES", ())))
+    if not names:   # a Beam that names its runners otherwise: let it decide
+        return None
+    lowered = {n.lower() for n in names} | {"pythonrpcdirectrunner"}
+    if name.lower() in lowered or name.lower() + "runner" in lowered:
+        return None
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]}? " if close else ""
+    return f"--runner {name}: not a runner Beam knows; {hint}the runners: {', '.join(names)}"
 
 
 def _switch_values(parser: JobParser, argv: Sequence[str]) -> List[str]:
@@ -260,6 +308,20 @@ def storage_options(args: argparse.Namespace) -> Optional[dict]:
 def same_columns(a, b) -> bool:
     """Two schemas with the same column names and types (nullability aside)."""
     return [(f.name, f.type) for f in a] == [(f.name, f.type) for f in b]
+
+
+def schema_difference(given, held) -> Optional[str]:
+    """How ``--schema`` (``given``) differs from a table's schema (``held``), in words
+    naming the columns and their types; None when they agree (nullability aside)."""
+    from beam_supertable.format.row_reasons import type_name
+    if same_columns(given, held):
+        return None
+    if given.names != held.names:
+        return f"the table's columns are {held.names}, --schema's {given.names}"
+    differ = [(f.name, type_name(f.type), type_name(held.field(f.name).type))
+              for f in given if f.type != held.field(f.name).type]
+    return "; ".join(f"column {name!r} is {theirs} in the table, {ours} in --schema"
+                     for name, ours, theirs in differ)
 
 
 def split_columns(spec: Optional[str]) -> List[str]:
@@ -372,6 +434,21 @@ def require_input(flag: str, pattern: str) -> str:
     return sorted(m.path for m in metadata)[0]
 
 
+def input_format(flag: str, path: str, explicit: Optional[str] = None) -> str:
+    """The format of the input file at ``path`` (named, or by its extension), checked
+    against what the file's first bytes look like; JobError naming ``flag`` and the
+    format the file looks like when they disagree."""
+    from beam_supertable.jobs.file_rows import check_format, format_of
+    try:
+        fmt = format_of(path, explicit)
+        check_format(path, fmt)
+    except ValueError as exc:
+        text = str(exc)
+        raise JobError(f"{flag} {text}" if text.startswith(path)
+                       else f"{flag} {path}: {text}") from None
+    return fmt
+
+
 def open_table(flag: str, uri: str, options: Optional[dict], *, must_exist: bool = False):
     """The table at ``uri``, or None where none is yet (a new table may be made there).
 
@@ -380,10 +457,11 @@ def open_table(flag: str, uri: str, options: Optional[dict], *, must_exist: bool
             than a table; with ``must_exist``, no table there.
     """
     from beam_supertable import Supertable
+    problem = table_location_problem(flag, uri, options)
+    if problem:
+        raise JobError(problem)
     if is_local(uri):
         path = uri[len("file://"):] if uri.startswith("file://") else uri
-        if os.path.exists(path) and not os.path.isdir(path):
-            raise JobError(f"{flag} {uri}: is a file, not a table (a table is a folder)")
         if (os.path.isdir(path) and os.listdir(path)
                 and not os.path.isdir(os.path.join(path, "_supertable"))):
             raise JobError(f"{flag} {uri}: the folder holds files but no supertable "
@@ -411,8 +489,10 @@ def writable_file(flag: str, path: str) -> str:
     Checked before anything runs: a folder is never replaced by a file (it
     may hold a table), and a URI needs a filesystem Beam knows.
     """
-    if not path:
+    if not path or not path.strip():
         raise JobError(f"{flag}: empty path")
+    if path.endswith(("/", "\\")):
+        raise JobError(f"{flag} {path}: names a folder (it ends with /); name a file")
     if is_local(path):
         local = path[len("file://"):] if path.startswith("file://") else path
         if os.path.isdir(local):
@@ -427,6 +507,29 @@ def writable_file(flag: str, path: str) -> str:
         FileSystems.get_filesystem(path)
     except ValueError as exc:
         raise JobError(f"{flag} {path}: no filesystem for this URI in Beam ({exc})") from None
+    return path
+
+
+_OUTPUT_FORMATS = {".jsonl": "JSON lines", ".ndjson": "JSON lines", ".json": "JSON lines",
+                   ".parquet": "Parquet", ".pq": "Parquet"}
+
+
+def output_file(flag: str, path: str, parquet: bool = False) -> str:
+    """``path`` if a job can write its output there, in a format its extension names.
+
+    A job writes JSON lines (and, with ``parquet``, Parquet); a name ending in
+    another known data format's extension (``.csv``, ``.avro`` ...) would get
+    JSON lines under a name that says otherwise, so it is refused. A name
+    without an extension gets JSON lines.
+    """
+    writable_file(flag, path)
+    ext = os.path.splitext(path.rstrip("/"))[1].lower()
+    written = "JSON lines (.jsonl)" + (" or Parquet (.parquet)" if parquet else "")
+    if ext in _OUTPUT_FORMATS and (parquet or _OUTPUT_FORMATS[ext] != "Parquet"):
+        return path
+    if ext in _OUTPUT_FORMATS or ext in (".csv", ".tsv", ".avro", ".orc", ".txt", ".xlsx"):
+        raise JobError(f"{flag} {path}: the job writes {written}, not {ext[1:]}; "
+                       f"name the output with one of those extensions")
     return path
 
 

@@ -28,17 +28,18 @@ import re
 from typing import Any, List, NamedTuple, Optional
 
 import apache_beam as beam
+import pyarrow as pa
 import pyarrow.compute as pc
 from apache_beam.metrics import Metrics
 
 from beam_supertable._program import program_name
 from beam_supertable.jobs.file_rows import (
-    BAD_TAG, FORMATS, dead_letter, finite_vector, format_of, read_rows)
+    BAD_TAG, FORMATS, dead_letter, finite_vector, read_rows)
 from beam_supertable.jobs.io_formats import JOB_NAMESPACE, to_json
 from beam_supertable.jobs.options import (
     DeadLetters, JobError, JobParser, add_max_invalid, add_storage_options, check_invalid,
-    counter_totals, job_argv, local_parents, new_run_id, open_table, parse, positive_int,
-    require_input, run_pipeline, storage_options, writable_file)
+    counter_totals, input_format, job_argv, local_parents, new_run_id, open_table, parse, positive_int,
+    output_file, require_input, run_pipeline, storage_options)
 from beam_supertable.jobs.options import main as job_main
 from beam_supertable.rag import (
     DEFAULT_MAX_BATCH_SIZE, ENRICHMENT_KEY, MODES, EnrichWithSupertable,
@@ -58,6 +59,51 @@ _OPS = {"==": "__eq__", "!=": "__ne__", ">=": "__ge__", "<=": "__le__", ">": "__
         "<": "__lt__"}
 
 
+def _literal(raw: str) -> Any:
+    if raw[0] in "\"'":
+        return json.loads(raw) if raw[0] == '"' else raw[1:-1]
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    return float(raw) if re.search(r"[.eE]", raw) else int(raw)
+
+
+def _kind(typ: pa.DataType) -> Optional[str]:
+    """What literals a column of ``typ`` compares with; None: not checked here."""
+    if pa.types.is_string(typ) or pa.types.is_large_string(typ):
+        return "string"
+    if pa.types.is_integer(typ) or pa.types.is_floating(typ):
+        return "number"
+    if pa.types.is_boolean(typ):
+        return "bool"
+    if (pa.types.is_list(typ) or pa.types.is_fixed_size_list(typ)
+            or pa.types.is_large_list(typ) or pa.types.is_struct(typ)):
+        return "none"
+    return None
+
+
+_LITERAL_TYPES = {str: ("string", "string"), bool: ("bool", "bool"), int: ("number", "int64"),
+                  float: ("number", "float64")}
+
+
+def filter_type_problem(text: str, schema: pa.Schema) -> Optional[str]:
+    """The first clause of a ``--filter`` whose literal cannot be compared with its column,
+    as one line naming the column and both types; None when every clause can."""
+    from beam_supertable.format.row_reasons import type_name
+    for m in _CLAUSE.finditer(text):
+        column, _, raw = m.groups()
+        if column not in schema.names:
+            continue
+        typ = schema.field(column).type
+        kind = _kind(typ)
+        value = _literal(raw)
+        value_kind, value_type = _LITERAL_TYPES[type(value)]
+        if kind is not None and kind != value_kind:
+            return (f"--filter: column {column!r} is {type_name(typ)}, the value {raw} is "
+                    f"{value_type}; they cannot be compared"
+                    + (" (quote a string: " + f'{column} == "{raw}")' if kind == "string" else ""))
+    return None
+
+
 def parse_filter(text: str) -> pc.Expression:
     """``'topic == "space" and year >= 2010'`` -> a pyarrow expression.
 
@@ -71,12 +117,7 @@ def parse_filter(text: str) -> pc.Expression:
             raise ValueError(f"--filter: cannot read {text[pos:]!r}; expected clauses like "
                              "year >= 2010 or topic == \"space\", joined by and")
         column, op, raw = m.groups()
-        if raw[0] in "\"'":
-            value: Any = json.loads(raw) if raw[0] == '"' else raw[1:-1]
-        elif raw.lower() in ("true", "false"):
-            value = raw.lower() == "true"
-        else:
-            value = float(raw) if re.search(r"[.eE]", raw) else int(raw)
+        value = _literal(raw)
         clause = getattr(pc.field(column), _OPS[op])(value)
         expr = clause if expr is None else expr & clause
         pos = m.end()
@@ -206,11 +247,7 @@ class Plan(NamedTuple):
 def plan(args) -> Plan:
     options = storage_options(args)
     queries = args.queries or DEFAULT_QUERIES
-    require_input("--queries", queries)
-    try:
-        fmt = format_of(queries, args.format)
-    except ValueError as exc:
-        raise JobError(f"--queries {queries}: {exc}") from None
+    fmt = input_format("--queries", require_input("--queries", queries), args.format)
     table = open_table("--table", args.table, options, must_exist=True)
     vp = table.properties.get("vector")
     text_index = "fts" in table.properties
@@ -235,6 +272,9 @@ def plan(args) -> Plan:
                 raise JobError(f"--filter: the table has no column {column!r}"
                                + (f" (did you mean {close[0]!r}?)" if close else "")
                                + f"; its columns are {names}")
+        problem = filter_type_problem(args.filter, table.user_schema)
+        if problem:
+            raise JobError(problem)
     columns = [c.strip() for c in args.columns.split(",") if c.strip()] if args.columns \
         else None
     for column in columns or ():
@@ -275,7 +315,7 @@ def summarize(result) -> dict:
 def run(argv: Optional[List[str]] = None) -> dict:
     """Runs the job; returns its counters (RejectedRun past ``--max-invalid``)."""
     options, args = parse(build_parser(), job_argv(argv))
-    writable_file("--output", args.output)
+    output_file("--output", args.output)
     todo = plan(args)
     dead = DeadLetters(invalid_path(args.output), new_run_id(), "--output")
     local_parents(args.output, dead.part)

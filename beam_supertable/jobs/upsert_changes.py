@@ -18,8 +18,8 @@ from beam_supertable.jobs.io_formats import (
     BAD_TAG, CHANGE_SCHEMA, JOB_NAMESPACE, ChangeToRow, ParseCommand, ParseSnapshot,
     change_to_parquet_row, is_parquet, read_rows, to_json)
 from beam_supertable.jobs.options import (
-    DeadLetters, JobParser, add_max_invalid, check_invalid, counter_totals, job_argv, local_parents,
-    new_run_id, parse, require_input, run_pipeline, writable_file)
+    DeadLetters, JobParser, add_max_invalid, check_invalid, counter_totals, input_format,
+    job_argv, local_parents, new_run_id, output_file, parse, require_input, run_pipeline)
 from beam_supertable.jobs.options import main as job_main
 from beam_upsert import Upsert
 from beam_upsert.metrics import NAMESPACE
@@ -91,10 +91,12 @@ def summarize(result) -> dict:
 def run(argv: Optional[List[str]] = None) -> dict:
     """Runs the job; returns its counters (RejectedRun past ``--max-invalid``)."""
     options, args = parse(build_parser(), job_argv(argv))
-    writable_file("--output", args.output)
-    require_input("--commands", args.commands or DEFAULT_COMMANDS)
-    if args.prior:
-        require_input("--prior", args.prior)
+    output_file("--output", args.output, parquet=True)
+    for flag, pattern in (("--commands", args.commands or DEFAULT_COMMANDS),
+                          ("--prior", args.prior)):
+        if pattern:   # JSON lines unless Parquet by name, as read_rows reads them
+            path = require_input(flag, pattern)
+            input_format(flag, path, "parquet" if is_parquet(path) else "jsonl")
     dead = DeadLetters(args.output + ".invalid.jsonl", new_run_id(), "--output")
     local_parents(args.output, dead.part)
     result = run_pipeline(options, build, args, dead.part)

@@ -54,8 +54,8 @@ from beam_supertable.jobs.io_formats import (
     JOB_NAMESPACE, command_row, parse_key, parse_time, to_json)
 from beam_supertable.jobs.options import (
     DeadLetters, JobError, JobParser, add_dead_letters, add_max_invalid, add_storage_options,
-    check_invalid, counter_totals, default_dead_letters, job_argv, local_parents, new_run_id,
-    open_table, parse, require_input, run_pipeline, same_columns, split_columns, storage_options)
+    check_invalid, counter_totals, default_dead_letters, input_format, job_argv, local_parents, new_run_id,
+    open_table, parse, require_input, run_pipeline, schema_difference, split_columns, storage_options)
 from beam_supertable.jobs.options import main as job_main
 from beam_supertable.transforms.upsert_write import NAMESPACE as TABLE_NAMESPACE
 from beam_upsert import Invalid, UpsertCommand
@@ -146,16 +146,26 @@ class ParseTableCommand(beam.DoFn):
             yield dead_letter(element, f"unusable command: {exc}")
 
 
+def command_id(key: Any, offset: Any) -> str:
+    """A command's key and offset as one string (a replayed command's record is found by it)."""
+    return json.dumps([list(key) if isinstance(key, tuple) else key, offset], default=str)
+
+
 class _AsCommandRecord(beam.DoFn):
     """A refused command -> ``Invalid`` whose element is the command as the input writes it,
-    so it can be corrected and given to ``--replay``."""
+    so it can be corrected and given to ``--replay``; a replayed command's is the record's
+    own element (``originals``, by :func:`command_id`), so it keeps its shape."""
+
+    def __init__(self, originals: Optional[Dict[str, dict]] = None) -> None:
+        self._originals = originals or {}
 
     def process(self, invalid, timestamp=beam.DoFn.TimestampParam):
         element = invalid.element
         if isinstance(element, UpsertCommand) or (
                 isinstance(element, tuple) and len(element) == 3):
             key, value, offset = element
-            element = {"key": list(key) if isinstance(key, tuple) else key, "value": value,
+            original = self._originals.get(command_id(key, offset))
+            element = original if original is not None else {"key": list(key) if isinstance(key, tuple) else key, "value": value,
                        "offset": offset, "time": Timestamp.of(timestamp).to_rfc3339()}
         yield Invalid(element, invalid.reason)
 
@@ -333,14 +343,14 @@ def plan(args) -> Plan:
         if given_keys and given_keys != keys:
             raise JobError(f"--primary-key {args.primary_key}: the table at {args.table} is "
                            f"keyed by {','.join(keys)}")
-        if schema is not None and not same_columns(schema, table.user_schema):
-            raise JobError(f"--schema does not match the table at {args.table}, which has "
-                           f"{table.user_schema.names}")
+        differs = schema_difference(schema, table.user_schema) if schema is not None else None
+        if differs:
+            raise JobError(f"--schema does not match the table at {args.table}: {differs}")
         if args.replay:   # the records are checked one by one (prepare_replay)
             return Plan(None, keys, schema, {}, options)
     pattern = args.commands or DEFAULT_COMMANDS
     path = require_input("--commands", pattern)
-    format_of(path)
+    input_format("--commands", path)
     rows = sample_commands(path)
     if table is not None:
         check_keys(path, keys, rows, new_table=False)
@@ -393,14 +403,30 @@ def _rows_by_key(table: Supertable, keys: List[str], key_values: List[Any]) -> D
     return {(tuple(r[k] for k in keys) if len(keys) > 1 else r[keys[0]]): r for r in rows}
 
 
-def prepare_replay(args, table_plan: Plan, folder: str) -> tuple:
-    """The replayable commands of ``--replay``, as a command file in ``folder``.
+class Replay(NamedTuple):
+    pattern: Optional[str]     # the commands to apply, re-timed; None: none
+    refused: List[Invalid]     # records not replayed, with the reason
+    landed: int                # records an earlier replay already applied
+    originals: Dict[str, dict]  # each replayed record's element, by command_id
 
-    Returns:
-        ``(pattern, refused)``: the file of commands to apply (each re-timed to
-        the table's frontier; per key the highest offset) and ``Invalid`` s
-        for the records that are not replayed.
-    """
+
+def _landed(schema: pa.Schema, keys: List[str], key: Any, command: dict,
+            row: Optional[dict]) -> bool:
+    """Whether the key's row now is what ``command`` makes it (an earlier replay landed)."""
+    value = command.get("value")
+    if value is None or row is None:
+        return value is None and row is None
+    try:
+        want = pa.Table.from_pylist([with_key(value, key, keys)], schema=schema).to_pylist()[0]
+    except (pa.ArrowException, TypeError, ValueError, AttributeError):
+        return False
+    return want == row
+
+
+def prepare_replay(args, table_plan: Plan, folder: str) -> Replay:
+    """The replayable commands of ``--replay``, as a command file in ``folder``: each
+    re-timed to the table's frontier, per key the highest offset. A record whose
+    command an earlier replay applied already is skipped (and counted)."""
     table = open_table("--table", args.table, table_plan.options, must_exist=True)
     if table.frontier is None:
         raise JobError(f"--replay: the table at {args.table} has no frontier yet; apply the "
@@ -441,7 +467,7 @@ def prepare_replay(args, table_plan: Plan, folder: str) -> tuple:
                                           f"record for key {key!r} with a higher offset "
                                           f"(the highest offset wins)"))
     if not latest:
-        return None, refused
+        return Replay(None, refused, 0, {})
     now = _rows_by_key(table, keys, list(latest))
     by_version: Dict[int, List[Any]] = {}
     for key, (_, version) in latest.items():
@@ -459,26 +485,33 @@ def prepare_replay(args, table_plan: Plan, folder: str) -> tuple:
                      if k in version_keys})
     at = Timestamp(micros=table.frontier).to_rfc3339()
     out = os.path.join(folder, "replay.jsonl")
+    landed, originals = 0, {}
     with open(out, "w", encoding="utf-8") as f:
         for key, (command, version) in latest.items():
+            if now.get(key) != then.get(key) and _landed(
+                    table.user_schema, keys, key, command, now.get(key)):
+                landed += 1
+                continue
             if now.get(key) != then.get(key):
                 refused.append(Invalid(command, f"not replayed: key {key!r} changed after "
                                        f"version {version} (the version the rejecting run "
                                        "left); it keeps its newer row"))
                 continue
+            originals[command_id(key, command["offset"])] = command
             f.write(json.dumps({**command, "time": at}, default=str) + "\n")
-    return out, refused
+    return Replay(out, refused, landed, originals)
 
 
 # -- the pipeline ---------------------------------------------------------------------------------
-def build(p: beam.Pipeline, args, todo: Plan, part: str, refused: Sequence[Invalid] = ()) -> None:
+def build(p: beam.Pipeline, args, todo: Plan, part: str, refused: Sequence[Invalid] = (),
+          originals: Optional[Dict[str, dict]] = None) -> None:
     parsed = (_read(p, todo.pattern, format_of(todo.pattern))
               | "Parse" >> beam.ParDo(ParseTableCommand(todo.keys)).with_outputs(
                   BAD_TAG, main="ok"))
     written = parsed.ok | "Upsert" >> UpsertToSupertable(
         args.table, schema=todo.schema, primary_key=todo.keys, storage_options=todo.options,
         job_id=args.job_id, **todo.create).with_invalid_output()
-    bad = [parsed[BAD_TAG], written.invalid | "AsCommand" >> beam.ParDo(_AsCommandRecord())]
+    bad = [parsed[BAD_TAG], written.invalid | "AsCommand" >> beam.ParDo(_AsCommandRecord(originals))]
     if refused:
         bad.append(p | "NotReplayed" >> beam.Create(list(refused)))
     _ = (tuple(bad) | "AllBad" >> beam.Flatten()
@@ -498,15 +531,18 @@ def run(argv: Optional[List[str]] = None) -> dict:
     dead = DeadLetters(default_dead_letters(args.table, args.dead_letters, JOB),
                        new_run_id(args.job_id))
     local_parents(args.table, dead.part)
-    refused: List[Invalid] = []
+    replay = Replay(None, [], 0, {})
     with tempfile.TemporaryDirectory() as folder:
         if args.replay:
-            pattern, refused = prepare_replay(args, todo, folder)
+            replay = prepare_replay(args, todo, folder)
+            pattern = replay.pattern
             if pattern is None:   # nothing replayable: the records go back as dead letters
                 pattern = os.path.join(folder, "none.jsonl")
                 open(pattern, "w").close()
             todo = todo._replace(pattern=pattern)
-        result = run_pipeline(options, build, args, todo, dead.part, refused)
+        result = run_pipeline(options, build, args, todo, dead.part, replay.refused,
+                              replay.originals)
+    refused = replay.refused
     counts = summarize(result)
     table = Supertable.open(args.table, storage_options=todo.options)
     counts["version"], counts["frontier"] = table.version, table.frontier
@@ -515,14 +551,16 @@ def run(argv: Optional[List[str]] = None) -> dict:
                          + len(refused))
     dead.finish(version=table.version)
     replayed = (f" replayed={counts.get('commands_read', 0) - counts['invalid'] + len(refused)}"
-                f" not_replayed={len(refused)}" if args.replay else "")
+                f" not_replayed={len(refused)} already_applied={replay.landed}"
+                if args.replay else "")
     print(
         f"upsert_to_supertable: inserts={counts.get('inserts', 0)} "
         f"updates={counts.get('updates', 0)} deletes={counts.get('deletes', 0)} "
         f"dropped={counts['dropped']} invalid={counts['invalid']}{replayed} "
         f"frontier={counts['frontier']} version={counts['version']} -> {args.table} "
         f"(dead letters: {dead.path})", flush=True)
-    check_invalid(PROG, counts["invalid"], counts.get("commands_read", 0) + len(refused),
+    check_invalid(PROG, counts["invalid"],
+                  counts.get("commands_read", 0) + len(refused) + replay.landed,
                   args.max_invalid)
     return counts
 
