@@ -22,6 +22,7 @@ from beam_supertable._moved import old_names
 from beam_supertable.errors import (
     IcebergDisabledError, NotATableError, SchemaMismatchError, TableExistsError)
 from beam_supertable.format import deletes as dv
+from beam_supertable.format import fields
 from beam_supertable.format.cache import DEFAULT_CACHE_BYTES, ByteCache
 from beam_supertable.format.consumers import (
     CONSUMER_EXPIRY, Consumer, consumer_expiry_of, expiry_seconds)
@@ -613,6 +614,61 @@ class Supertable:
             self.vacuum(retain_versions=retain_versions, older_than=older_than)
         return result
 
+    # -- schema changes (table/evolve.py) --------------------------------------
+    def add_columns(self, fields: Union[pa.Field, Sequence[pa.Field], pa.Schema], *,
+                    max_retries: int = DEFAULT_MAX_RETRIES) -> int:
+        """Adds nullable columns in one metadata-only commit; returns the new version.
+
+        Existing rows read null in them; each takes a new field id (a dropped
+        name added again is a new column: its old values never come back).
+
+        Raises:
+            SchemaMismatchError: a column already there, not nullable, named
+                with a leading ``_``, or without an Iceberg type on an Iceberg table.
+        """
+        from beam_supertable.table import evolve
+        return evolve.add_columns(self, fields, max_retries=max_retries)
+
+    def drop_columns(self, names: Union[str, Sequence[str]], *,
+                     max_retries: int = DEFAULT_MAX_RETRIES) -> int:
+        """Drops columns in one metadata-only commit; returns the new version.
+
+        Older versions still read them; ``optimize`` leaves their data out of
+        what it rewrites.
+
+        Raises:
+            SchemaMismatchError: an unknown column, or a primary-key, vector or
+                text index column.
+        """
+        from beam_supertable.table import evolve
+        return evolve.drop_columns(self, names, max_retries=max_retries)
+
+    def rename_column(self, old: str, new: str, *,
+                      max_retries: int = DEFAULT_MAX_RETRIES) -> int:
+        """Renames a column (its field id stays) in one metadata-only commit.
+
+        Raises:
+            SchemaMismatchError: an unknown ``old``, a taken ``new``, or a
+                primary-key, vector or text index column.
+        """
+        from beam_supertable.table import evolve
+        return evolve.rename_column(self, old, new, max_retries=max_retries)
+
+    def alter_column(self, name: str, type: pa.DataType, *,  # noqa: A002
+                     max_retries: int = DEFAULT_MAX_RETRIES) -> int:
+        """Widens a column's type in one metadata-only commit; returns the new version.
+
+        Widenings: int8→int16→int32→int64, float32→float64, a decimal's
+        precision up (same scale), string→large_string. The same type is a
+        no-op (nothing committed).
+
+        Raises:
+            SchemaMismatchError: a narrowing or another change, an unknown
+                column, or a primary-key, vector or text index column.
+        """
+        from beam_supertable.table import evolve
+        return evolve.alter_column(self, name, type, max_retries=max_retries)
+
     # -- reading ---------------------------------------------------------
     def superfiles(self) -> List[dict]:
         return self._snapshot.entries()
@@ -622,7 +678,16 @@ class Supertable:
             reader = SuperfileReader(self._store, entry, self.io, self._cache)
             return reader, reader.nbytes
 
-        return self._cache.get_or_load(("reader", entry["path"]), load)
+        # Seen through this version's schema: by field id, renamed, widened, new columns null.
+        return fields.resolve(self._cache.get_or_load(("reader", entry["path"]), load),
+                              self._resolution())
+
+    def _resolution(self) -> "fields.Resolution":
+        found = getattr(self, "_resolved", None)
+        if found is None or found[0] is not self._snapshot:
+            found = self._resolved = (self._snapshot, fields.Resolution(
+                self.schema, fields.name_mapping(self.schema, self._snapshot.properties)))
+        return found[1]
 
     def _deleted_rows(self, entry: dict, snapshot: Optional[Snapshot] = None) -> np.ndarray:
         paths = tuple((snapshot or self._snapshot).deletes.get(entry["id"], ()))
