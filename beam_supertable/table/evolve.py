@@ -10,18 +10,17 @@ one adding a column another just dropped fails naming it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import pyarrow as pa
 
 from beam_supertable.errors import SchemaMismatchError
 from beam_supertable.format import fields
 from beam_supertable.format.manifest import DEFAULT_MAX_RETRIES, CommitRequest, Snapshot
-from beam_supertable.format.schema import ID
+from beam_supertable.format.schema import ID, to_table
 from beam_supertable.iceberg import metadata as iceberg_meta
 
-if TYPE_CHECKING:
-    from beam_supertable.table.supertable import Supertable
+Supertable = Any   # the handle (table/supertable.py imports this module)
 
 __all__ = ["add_columns", "alter_column", "as_fields", "drop_columns", "missing_columns",
            "rename_column", "widens"]
@@ -80,7 +79,7 @@ def _column(uri: str, schema: pa.Schema, name: str, snapshot: Snapshot, verb: st
     return schema.field(name)
 
 
-def _commit(table: "Supertable", operation: str, change: Change, max_retries: int) -> int:
+def _commit(table: Supertable, operation: str, change: Change, max_retries: int) -> int:
     """Commits the schema ``change`` computes on each base; the version it landed in
     (the latest one when, on the base it met, nothing was left to change)."""
     first = change(table.snapshot)    # refuses bad input before anything is committed
@@ -116,7 +115,7 @@ def _iceberg_check(uri: str, base: Snapshot, schema: pa.Schema) -> None:
         iceberg_meta.check_schema(uri, schema)
 
 
-def missing_columns(table: "Supertable", given, *, existing_ok: bool) -> Change:
+def missing_columns(table: Supertable, given, *, existing_ok: bool) -> Change:
     """The change adding ``given`` fields; with ``existing_ok`` a field the base
     already holds with the same type is left alone (merge-mode writers)."""
     new = [fields.without_ids(f) for f in as_fields(given)]
@@ -159,12 +158,12 @@ def missing_columns(table: "Supertable", given, *, existing_ok: bool) -> Change:
     return change
 
 
-def add_columns(table: "Supertable", given, *, max_retries: int = DEFAULT_MAX_RETRIES) -> int:
+def add_columns(table: Supertable, given, *, max_retries: int = DEFAULT_MAX_RETRIES) -> int:
     return _commit(table, "add_columns", missing_columns(table, given, existing_ok=False),
                    max_retries)
 
 
-def drop_columns(table: "Supertable", names: Union[str, Sequence[str]], *,
+def drop_columns(table: Supertable, names: Union[str, Sequence[str]], *,
                  max_retries: int = DEFAULT_MAX_RETRIES) -> int:
     wanted = [names] if isinstance(names, str) else list(names)
     if not wanted:
@@ -179,7 +178,7 @@ def drop_columns(table: "Supertable", names: Union[str, Sequence[str]], *,
     return _commit(table, "drop_columns", change, max_retries)
 
 
-def rename_column(table: "Supertable", old: str, new: str, *,
+def rename_column(table: Supertable, old: str, new: str, *,
                   max_retries: int = DEFAULT_MAX_RETRIES) -> int:
     if not isinstance(new, str) or not new or new.startswith("_"):
         raise SchemaMismatchError(
@@ -199,7 +198,7 @@ def rename_column(table: "Supertable", old: str, new: str, *,
     return _commit(table, "rename_column", change, max_retries)
 
 
-def alter_column(table: "Supertable", name: str, new_type: pa.DataType, *,
+def alter_column(table: Supertable, name: str, new_type: pa.DataType, *,
                  max_retries: int = DEFAULT_MAX_RETRIES) -> int:
     if not isinstance(new_type, pa.DataType):
         raise TypeError(f"alter_column: the type is a pyarrow DataType, got "
@@ -220,3 +219,37 @@ def alter_column(table: "Supertable", name: str, new_type: pa.DataType, *,
         return out, f"alter {name} to {new_type}"
 
     return _commit(table, "alter_column", change, max_retries)
+
+
+SCHEMA_MODES = ("strict", "merge")
+
+
+def check_schema_mode(schema_mode: str) -> str:
+    if schema_mode not in SCHEMA_MODES:
+        raise ValueError(f"schema_mode must be one of {list(SCHEMA_MODES)}, got {schema_mode!r}")
+    return schema_mode
+
+
+def merge_input(table: Supertable, data, *, max_retries: int = DEFAULT_MAX_RETRIES):
+    """``schema_mode="merge"``: adds the columns of ``data`` the table lacks (one
+    schema commit; the handle moves to it) and returns ``data`` as an Arrow table.
+
+    Raises:
+        SchemaMismatchError: a new column holding only nulls (no type to give it),
+            or one another writer added meanwhile with another type.
+    """
+    rows = to_table(data)
+    if rows is None:
+        return data
+    names = table.schema.names
+    extra = [f for f in rows.schema if f.name not in names]
+    if not extra:
+        return rows
+    for f in extra:
+        if pa.types.is_null(f.type):
+            raise SchemaMismatchError(
+                f"{table.uri}: column {f.name!r} holds only nulls: its type cannot be inferred; "
+                "add it first with add_columns")
+    new = [pa.field(f.name, f.type, nullable=True) for f in extra]
+    _commit(table, "add_columns", missing_columns(table, new, existing_ok=True), max_retries)
+    return rows

@@ -44,6 +44,7 @@ from beam_supertable.fts import search as text_search
 from beam_supertable.iceberg import metadata as iceberg_meta
 from beam_supertable.table import changes as change_feed
 from beam_supertable.table import consumers as feed_consumers
+from beam_supertable.table import evolve
 from beam_supertable.table.dataset import LiveRows
 from beam_supertable.table.mutation import FRONTIER, Mutation
 from beam_supertable.table import search as _search
@@ -392,7 +393,7 @@ class Supertable:
     def append(self, data: Data, *, token: Optional[str] = None,
                metadata: Optional[Dict[str, Any]] = None, frontier: Optional[int] = None,
                max_retries: int = DEFAULT_MAX_RETRIES, n_shards: Optional[int] = None,
-               memory_budget_bytes: Optional[int] = None) -> int:
+               memory_budget_bytes: Optional[int] = None, schema_mode: str = "strict") -> int:
         """Appends rows as one commit; returns the new version.
 
         Validates everything before writing anything, assigns fresh ``_id`` s,
@@ -415,6 +416,10 @@ class Supertable:
                 this commit records; it may not be lower than the table's.
             memory_budget_bytes: refuse (MemoryBudgetError) an append whose
                 estimated peak memory exceeds this, before writing anything.
+            schema_mode: ``"strict"`` (the default): a column the table lacks
+                is refused. ``"merge"``: such columns are added first (one
+                schema commit, see ``add_columns``); in both, table columns the
+                rows lack are null.
 
         Raises:
             SchemaMismatchError: data that does not fit the schema; the message
@@ -424,6 +429,8 @@ class Supertable:
             TokenReuseError: ``token`` already landed with other rows.
             CommitFailedError: the commit did not land within ``max_retries``.
         """
+        if evolve.check_schema_mode(schema_mode) == "merge":
+            data = evolve.merge_input(self, data, max_retries=max_retries)
         return self._writer.write(data, "append", token=token, metadata=metadata,
                                   frontier=frontier, max_retries=max_retries, n_shards=n_shards,
                                   memory_budget_bytes=memory_budget_bytes)
@@ -431,7 +438,7 @@ class Supertable:
     def upsert(self, data: Data, *, token: Optional[str] = None,
                metadata: Optional[Dict[str, Any]] = None, frontier: Optional[int] = None,
                max_retries: int = DEFAULT_MAX_RETRIES, n_shards: Optional[int] = None,
-               memory_budget_bytes: Optional[int] = None) -> int:
+               memory_budget_bytes: Optional[int] = None, schema_mode: str = "strict") -> int:
         """Inserts rows, or replaces the live row with the same key, in one commit.
 
         The keys are resolved against the version the commit lands on (a lost
@@ -449,6 +456,7 @@ class Supertable:
             max_retries: as for ``append``.
             n_shards: as for ``append``.
             memory_budget_bytes: as for ``append``.
+            schema_mode: as for ``append``.
 
         Returns:
             The version holding the upsert (this handle moves to it).
@@ -463,6 +471,8 @@ class Supertable:
             raise SchemaMismatchError(
                 f"{self.uri}: upsert needs a keyed table; this one has no primary key "
                 f"(create it with primary_key=...), use append")
+        if evolve.check_schema_mode(schema_mode) == "merge":
+            data = evolve.merge_input(self, data, max_retries=max_retries)
         return self._writer.write(data, "upsert", token=token, metadata=metadata,
                                   frontier=frontier, max_retries=max_retries, n_shards=n_shards,
                                   memory_budget_bytes=memory_budget_bytes)
@@ -626,7 +636,6 @@ class Supertable:
             SchemaMismatchError: a column already there, not nullable, named
                 with a leading ``_``, or without an Iceberg type on an Iceberg table.
         """
-        from beam_supertable.table import evolve
         return evolve.add_columns(self, fields, max_retries=max_retries)
 
     def drop_columns(self, names: Union[str, Sequence[str]], *,
@@ -640,7 +649,6 @@ class Supertable:
             SchemaMismatchError: an unknown column, or a primary-key, vector or
                 text index column.
         """
-        from beam_supertable.table import evolve
         return evolve.drop_columns(self, names, max_retries=max_retries)
 
     def rename_column(self, old: str, new: str, *,
@@ -651,7 +659,6 @@ class Supertable:
             SchemaMismatchError: an unknown ``old``, a taken ``new``, or a
                 primary-key, vector or text index column.
         """
-        from beam_supertable.table import evolve
         return evolve.rename_column(self, old, new, max_retries=max_retries)
 
     def alter_column(self, name: str, type: pa.DataType, *,  # noqa: A002
@@ -666,7 +673,6 @@ class Supertable:
             SchemaMismatchError: a narrowing or another change, an unknown
                 column, or a primary-key, vector or text index column.
         """
-        from beam_supertable.table import evolve
         return evolve.alter_column(self, name, type, max_retries=max_retries)
 
     # -- reading ---------------------------------------------------------
