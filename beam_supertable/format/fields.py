@@ -22,13 +22,20 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["FIELD_ID", "LAST_COLUMN_ID", "NAME_MAPPING", "Resolution", "assign_ids",
+__all__ = ["FIELD_ID", "LAST_COLUMN_ID", "NAME_MAPPING", "Resolution", "SCHEMA_HISTORY",
+           "assign_ids", "describe",
            "field_id", "last_column_id", "name_mapping", "resolve", "strip_ids", "with_ids",
            "without_ids"]
 
 FIELD_ID = b"PARQUET:field_id"
 LAST_COLUMN_ID = "last_column_id"
 NAME_MAPPING = "name_mapping"
+SCHEMA_HISTORY = "schema_history"   # [{"version", "change"}] of every schema change
+
+
+def describe(schema: pa.Schema) -> list:
+    """``[{"name", "id", "type"}]`` of the schema's columns (JSON data)."""
+    return [{"name": f.name, "id": field_id(f), "type": str(strip_ids(f.type))} for f in schema]
 
 
 def field_id(field: pa.Field) -> Optional[int]:

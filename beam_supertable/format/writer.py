@@ -24,7 +24,7 @@ from beam_supertable.format import superfile
 from beam_supertable.format.digest import row_digest
 from beam_supertable.format.documents import Snapshot
 from beam_supertable.format.filters import column_stats, null_counts
-from beam_supertable.format.fields import FIELD_ID
+from beam_supertable.format.fields import FIELD_ID, field_id
 from beam_supertable.format.ids import new_ids
 from beam_supertable.format.keys import key_stats
 from beam_supertable.format.schema import ID
@@ -100,6 +100,8 @@ def build_and_upload(store: ObjectStore, table: pa.Table, layout: Layout,
         "stats": column_stats(table),
         "null_counts": null_counts(table),
         "digest": row_digest(table),   # what the rows are, for commit fingerprints
+        # Whose statistics they are: reads by field id after a column is renamed.
+        "field_ids": {f.name: field_id(f) for f in full.schema if field_id(f) is not None},
         **summary,
     }
     if layout.primary_key and table.num_rows:

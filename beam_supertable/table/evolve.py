@@ -93,6 +93,9 @@ def _commit(table: Supertable, operation: str, change: Change, max_retries: int)
         schema, what = found
         props: Dict[str, Any] = {fields.LAST_COLUMN_ID: fields.last_column_id(
             schema, {fields.LAST_COLUMN_ID: fields.last_column_id(base.schema, base.properties)})}
+        # What each change was, for inspect (small: one line per change).
+        props[fields.SCHEMA_HISTORY] = list(base.properties.get(fields.SCHEMA_HISTORY) or []) \
+            + [{"version": base.version + 1, "change": what}]
         if fields.NAME_MAPPING not in base.properties:
             # Superfiles written before this first change hold these names.
             props[fields.NAME_MAPPING] = fields.name_mapping(base.schema, {})

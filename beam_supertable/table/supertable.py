@@ -679,14 +679,15 @@ class Supertable:
     def superfiles(self) -> List[dict]:
         return self._snapshot.entries()
 
-    def _reader(self, entry: dict) -> SuperfileReader:
+    def _reader(self, entry: dict, schema: Optional[pa.Schema] = None) -> SuperfileReader:
         def load():
             reader = SuperfileReader(self._store, entry, self.io, self._cache)
             return reader, reader.nbytes
 
         # Seen through this version's schema: by field id, renamed, widened, new columns null.
         return fields.resolve(self._cache.get_or_load(("reader", entry["path"]), load),
-                              self._resolution())
+                              self._resolution() if schema is None else fields.Resolution(
+                                  schema, fields.name_mapping(schema, self._snapshot.properties)))
 
     def _resolution(self) -> "fields.Resolution":
         found = getattr(self, "_resolved", None)
