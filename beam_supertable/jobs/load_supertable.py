@@ -29,7 +29,8 @@ from beam_supertable.jobs.file_rows import (
     BAD_TAG, FORMATS, coerce_row, dead_letter, format_of, infer_schema, parse_schema, read_rows)
 from beam_supertable.jobs.io_formats import JOB_NAMESPACE, to_json
 from beam_supertable.jobs.options import (
-    DeadLetters, JobError, JobParser, add_dead_letters, add_max_invalid, add_storage_options,
+    DeadLetters, JobError, JobParser, add_dead_letters, add_max_invalid, add_schema_mode,
+    add_storage_options,
     check_invalid, counter_totals, default_dead_letters, job_argv, local_parents, new_run_id,
     open_table, parse, positive_int, require_input, run_pipeline, same_columns, split_columns,
     storage_options)
@@ -87,6 +88,7 @@ def build_parser() -> JobParser:
         "--job-id", "--job_id", dest="job_id", default=None, metavar="ID",
         help="a stable id (say, the batch's name) makes a rerun of the same load commit "
              f"nothing new. Default: one id per run ({SAMPLE_JOB_ID} for the sample)")
+    add_schema_mode(parser)
     add_dead_letters(parser, JOB)
     add_max_invalid(parser, "rows")
     return parser
@@ -167,7 +169,8 @@ def plan(args) -> Plan:
     table = open_table("--table", args.table, options)
     vector_column = args.vector_column
     if table is not None:
-        if schema is not None and not same_columns(schema, table.user_schema):
+        merge = getattr(args, "schema_mode", "strict") == "merge"
+        if schema is not None and not merge and not same_columns(schema, table.user_schema):
             raise JobError(f"--schema does not match the table at {args.table}, which has "
                            f"{table.user_schema.names}")
         vp, fts = table.properties.get("vector"), table.properties.get("fts")
@@ -183,8 +186,14 @@ def plan(args) -> Plan:
             got = infer_schema(pattern, fmt, held_vector)
         except ValueError as exc:
             raise JobError(f"--input {path}: {exc}") from None
-        _check_columns("--input", path, table.user_schema, got)
-        return Plan(pattern, fmt, table.user_schema, {}, options, job_id)
+        held = table.user_schema
+        if merge:
+            # --schema-mode merge: the input's new columns join the table (the
+            # sink adds them); the rows are coerced to their inferred types.
+            held = pa.schema(list(held) + [pa.field(f.name, f.type) for f in
+                                           (schema or got) if f.name not in held.names])
+        _check_columns("--input", path, held, got)
+        return Plan(pattern, fmt, held, {}, options, job_id)
     vector = vector_column or (SAMPLE_VECTOR_COLUMN if sample else None)
     text = split_columns(args.text_columns or (SAMPLE_TEXT_COLUMNS if sample else None))
     try:
@@ -213,9 +222,11 @@ def build(p: beam.Pipeline, args, todo: Plan, part: str) -> None:
         coerced = rows | "Coerce" >> beam.ParDo(_Coerce(todo.schema)).with_outputs(
             BAD_TAG, main="ok")
         rows, bad = coerced.ok, (bad, coerced[BAD_TAG]) | "ReadBad" >> beam.Flatten()
+    merge = getattr(args, "schema_mode", "strict") == "merge"
     written = rows | "Write" >> WriteToSupertable(
-        args.table, schema=todo.schema, n_shards=args.n_shards, job_id=todo.job_id,
-        storage_options=todo.options, **todo.create).with_invalid_output()
+        args.table, schema=None if merge and not todo.create else todo.schema,
+        n_shards=args.n_shards, job_id=todo.job_id, storage_options=todo.options,
+        schema_mode=getattr(args, "schema_mode", "strict"), **todo.create).with_invalid_output()
     _ = ((bad, written.invalid) | "AllBad" >> beam.Flatten()
          | "DeadLetter" >> beam.Map(_as_invalid)
          | "DeadLetterJson" >> beam.Map(to_json)

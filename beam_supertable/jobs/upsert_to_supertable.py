@@ -53,7 +53,8 @@ from beam_supertable.jobs.file_rows import (
 from beam_supertable.jobs.io_formats import (
     JOB_NAMESPACE, command_row, parse_key, parse_time, to_json)
 from beam_supertable.jobs.options import (
-    DeadLetters, JobError, JobParser, add_dead_letters, add_max_invalid, add_storage_options,
+    DeadLetters, JobError, JobParser, add_dead_letters, add_max_invalid, add_schema_mode,
+    add_storage_options,
     check_invalid, counter_totals, default_dead_letters, job_argv, local_parents, new_run_id,
     open_table, parse, require_input, run_pipeline, same_columns, split_columns, storage_options)
 from beam_supertable.jobs.options import main as job_main
@@ -100,6 +101,7 @@ def build_parser() -> JobParser:
     parser.add_argument(
         "--job-id", "--job_id", dest="job_id", default=None, metavar="ID",
         help="names the job's commits and its dead letters. Default: one id per run")
+    add_schema_mode(parser)
     add_dead_letters(parser, JOB)
     add_max_invalid(parser, "commands")
     parser.add_argument(
@@ -333,7 +335,8 @@ def plan(args) -> Plan:
         if given_keys and given_keys != keys:
             raise JobError(f"--primary-key {args.primary_key}: the table at {args.table} is "
                            f"keyed by {','.join(keys)}")
-        if schema is not None and not same_columns(schema, table.user_schema):
+        merge = getattr(args, "schema_mode", "strict") == "merge"
+        if schema is not None and not merge and not same_columns(schema, table.user_schema):
             raise JobError(f"--schema does not match the table at {args.table}, which has "
                            f"{table.user_schema.names}")
         if args.replay:   # the records are checked one by one (prepare_replay)
@@ -344,7 +347,8 @@ def plan(args) -> Plan:
     rows = sample_commands(path)
     if table is not None:
         check_keys(path, keys, rows, new_table=False)
-        check_columns("--table " + args.table, path, table.user_schema, rows)
+        if not merge:   # --schema-mode merge: new columns join the table
+            check_columns("--table " + args.table, path, table.user_schema, rows)
         return Plan(pattern, keys, schema, {}, options)
     keys = given_keys or [DEFAULT_PRIMARY_KEY]
     check_keys(path, keys, rows, new_table=True)
@@ -477,7 +481,8 @@ def build(p: beam.Pipeline, args, todo: Plan, part: str, refused: Sequence[Inval
                   BAD_TAG, main="ok"))
     written = parsed.ok | "Upsert" >> UpsertToSupertable(
         args.table, schema=todo.schema, primary_key=todo.keys, storage_options=todo.options,
-        job_id=args.job_id, **todo.create).with_invalid_output()
+        job_id=args.job_id, schema_mode=getattr(args, "schema_mode", "strict"),
+        **todo.create).with_invalid_output()
     bad = [parsed[BAD_TAG], written.invalid | "AsCommand" >> beam.ParDo(_AsCommandRecord())]
     if refused:
         bad.append(p | "NotReplayed" >> beam.Create(list(refused)))

@@ -341,3 +341,41 @@ def test_commit_time_of_add_columns_does_not_read_data(tmp_path):
     before = t.io.snapshot()
     t.add_columns([pa.field("p", pa.string()), pa.field("q", pa.float64())])
     assert t.io.snapshot() == before    # no superfile byte read
+
+
+# -- the jobs -----------------------------------------------------------------------
+def test_load_job_with_schema_mode_merge(tmp_path):
+    from beam_supertable.jobs import load_supertable
+    table = str(tmp_path / "t")
+    pq.write_table(pa.table({"n": pa.array([1, 2], pa.int64()), "body": ["a", "b"]}),
+                   tmp_path / "a.parquet")
+    load_supertable.run(["--input", str(tmp_path / "a.parquet"), "--table", table])
+    pq.write_table(pa.table({"n": pa.array([3], pa.int64()), "body": ["c"],
+                             "unit": ["C"]}), tmp_path / "b.parquet")
+    later = ["--input", str(tmp_path / "b.parquet"), "--table", table]
+    with pytest.raises(Exception, match="unit"):
+        load_supertable.run(later)
+    counts = load_supertable.run(later + ["--schema-mode", "merge"])
+    assert counts["rows_committed"] == 1
+    got = Supertable.open(table).to_arrow(columns=["n", "unit"]).sort_by("n").to_pylist()
+    assert got == [{"n": 1, "unit": None}, {"n": 2, "unit": None}, {"n": 3, "unit": "C"}]
+
+
+def test_upsert_job_with_schema_mode_merge(tmp_path):
+    import json
+    from beam_supertable.jobs import upsert_to_supertable
+    table = str(tmp_path / "t")
+
+    def write(name, commands):
+        path = tmp_path / name
+        path.write_text("".join(json.dumps(c) + "\n" for c in commands))
+        return str(path)
+
+    first = write("a.jsonl", [{"key": "s1", "offset": 1, "time": 100,
+                               "value": {"id": "s1", "reading": 3}}])
+    upsert_to_supertable.run(["--commands", first, "--table", table, "--primary-key", "id"])
+    second = write("b.jsonl", [{"key": "s2", "offset": 2, "time": 200,
+                                "value": {"id": "s2", "reading": 4, "unit": "C"}}])
+    upsert_to_supertable.run(["--commands", second, "--table", table, "--schema-mode", "merge"])
+    got = Supertable.open(table).to_arrow(columns=["id", "unit"]).sort_by("id").to_pylist()
+    assert got == [{"id": "s1", "unit": None}, {"id": "s2", "unit": "C"}]
