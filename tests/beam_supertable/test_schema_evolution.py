@@ -379,3 +379,15 @@ def test_upsert_job_with_schema_mode_merge(tmp_path):
     upsert_to_supertable.run(["--commands", second, "--table", table, "--schema-mode", "merge"])
     got = Supertable.open(table).to_arrow(columns=["id", "unit"]).sort_by("id").to_pylist()
     assert got == [{"id": "s1", "unit": None}, {"id": "s2", "unit": "C"}]
+
+
+def test_cli_inspect_prints_the_schema_history(tmp_path):
+    t = _keyed(tmp_path)
+    t.add_columns(pa.field("u", pa.string()))
+    t.drop_columns("s")
+    out = subprocess.run([sys.executable, "-m", "beam_supertable", "inspect", "--table", t.uri],
+                         cwd=ROOT, capture_output=True, text=True, check=True,
+                         env=dict(os.environ, PYTHONPATH=ROOT)).stdout
+    assert "  schema      k int64 (id 2), v int32 (id 3), u string (id 5); last column id 5" \
+        in out
+    assert "version 1: add u string" in out and "version 2: drop s" in out
