@@ -190,6 +190,7 @@ class WriteToSupertable(beam.PTransform):
                   "replica_factor": 0.0 if replica_factor is None else replica_factor}
         _, properties = Supertable.describe_create(uri, **create)   # validates, writes nothing
         self._table = _TableRef(uri, storage_options, create, on_stage=on_stage)
+        self._table.merge = self._schema_mode == "merge"
         self._vector = properties.get("vector")
 
     def expand(self, rows):

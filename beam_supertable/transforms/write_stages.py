@@ -18,7 +18,7 @@ from apache_beam import pvalue
 from apache_beam.metrics import Metrics
 from apache_beam.utils.windowed_value import WindowedValue
 
-from beam_supertable.errors import SchemaMismatchError
+from beam_supertable.errors import NotATableError, SchemaMismatchError
 from beam_supertable.format.manifest import Manifest
 from beam_supertable.format.row_reasons import find_problems, got, id_column, row_label
 from beam_supertable.format.schema import conform
@@ -107,12 +107,23 @@ class _TableRef:
         """The latest version (created first when missing and ``create`` is set)."""
         if self.create is None:
             table = Supertable.open(self.uri, storage_options=self.storage_options)
+        elif getattr(self, "merge", False) and self._exists():
+            # schema_mode="merge": columns the rows brought may have been added
+            # since it was created here; its schema is no longer the one given.
+            table = Supertable.open(self.uri, storage_options=self.storage_options)
         else:
             table = Supertable.create(self.uri, storage_options=self.storage_options,
                                       mode="exist_ok", **self.create)
         if not self.keyed:
             _refuse_keyed(table)
         return table
+
+    def _exists(self) -> bool:
+        try:
+            Supertable.open(self.uri, storage_options=self.storage_options)
+            return True
+        except NotATableError:
+            return False
 
     def at(self, version: int) -> Supertable:
         """The table as of ``version`` (a run's pinned version), one handle per worker."""

@@ -227,12 +227,15 @@ def test_upsert_to_supertable_merges_new_columns(tmp_path, runner):
 
 
 @pytest.mark.parametrize("runner", RUNNERS)
-def test_write_to_supertable_merges_new_columns(tmp_path, runner):
+@pytest.mark.parametrize("exists", [True, False])
+def test_write_to_supertable_merges_new_columns(tmp_path, runner, exists):
     uri = str(tmp_path / "w")
-    Supertable.create(uri, pa.schema([("a", pa.string())]))
+    schema = pa.schema([("a", pa.string())])
+    if exists:
+        Supertable.create(uri, schema)
     with TestPipeline(runner=runner) as p:
         commits = (p | beam.Create([{"a": "p"}, {"a": "q", "n": 5}])
-                   | WriteToSupertable(uri, schema_mode="merge"))
+                   | WriteToSupertable(uri, schema=schema, schema_mode="merge"))
         assert_that(commits | beam.Map(lambda c: c.rows), equal_to([2]))
     got = Supertable.open(uri).to_arrow(columns=["a", "n"]).sort_by("a").to_pylist()
     assert got == [{"a": "p", "n": None}, {"a": "q", "n": 5}]
