@@ -17,6 +17,7 @@ resolved through the table's name mapping (the property ``name_mapping``,
 
 from __future__ import annotations
 
+import json
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -30,6 +31,7 @@ __all__ = ["FIELD_ID", "LAST_COLUMN_ID", "NAME_MAPPING", "Resolution", "SCHEMA_H
 FIELD_ID = b"PARQUET:field_id"
 LAST_COLUMN_ID = "last_column_id"
 NAME_MAPPING = "name_mapping"
+MAPPING_KEY = b"supertable.name_mapping"
 SCHEMA_HISTORY = "schema_history"   # [{"version", "change"}] of every schema change
 
 
@@ -145,6 +147,19 @@ def without_ids(field: pa.Field) -> pa.Field:
     """``field`` with no field ids, its children's included."""
     meta = {k: v for k, v in (field.metadata or {}).items() if k != FIELD_ID}
     return field.with_type(strip_ids(field.type)).with_metadata(meta or None)
+
+
+def with_name_mapping(schema: pa.Schema, mapping: Mapping[str, int]) -> pa.Schema:
+    """``schema`` carrying the name mapping in its metadata too (filters read it there)."""
+    meta = dict(schema.metadata or {})
+    meta[MAPPING_KEY] = json.dumps(dict(mapping), sort_keys=True).encode()
+    return schema.with_metadata(meta)
+
+
+def schema_mapping(schema: pa.Schema) -> Optional[Dict[str, int]]:
+    """The name mapping ``with_name_mapping`` put in ``schema``, or None."""
+    found = (schema.metadata or {}).get(MAPPING_KEY)
+    return None if found is None else {str(k): int(v) for k, v in json.loads(found).items()}
 
 
 def strip_ids(arrow: pa.DataType) -> pa.DataType:

@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from beam_supertable.format.fields import field_id
+from beam_supertable.format.fields import field_id, schema_mapping
 from beam_supertable.format.expression import Call, Field, Literal, Node, parse
 from beam_supertable.format.schema import ID
 
@@ -332,9 +332,14 @@ class Pruner:
         """The name the entry's statistics give the table's column ``name`` (by
         field id: it was renamed since, or is a new column of that name), or
         None when the superfile was written before the column existed."""
-        ids = entry.get("field_ids")
-        if ids is None or self._schema is None or name not in self._schema.names:
+        if self._schema is None or name not in self._schema.names:
             return name
+        ids = entry.get("field_ids")
+        if not ids:
+            # Written before ids were recorded: named as the table's name mapping says.
+            ids = schema_mapping(self._schema)
+            if ids is None:
+                return name
         wanted = field_id(self._schema.field(name))
         if wanted is None or ids.get(name) == wanted:
             return name

@@ -100,10 +100,11 @@ def build_and_upload(store: ObjectStore, table: pa.Table, layout: Layout,
         "stats": column_stats(table),
         "null_counts": null_counts(table),
         "digest": row_digest(table),   # what the rows are, for commit fingerprints
-        # Whose statistics they are: reads by field id after a column is renamed.
-        "field_ids": {f.name: field_id(f) for f in full.schema if field_id(f) is not None},
         **summary,
     }
+    ids_of = {f.name: field_id(f) for f in full.schema if field_id(f) is not None}
+    if ids_of:   # whose statistics they are: a filter prunes by field id after renames
+        entry["field_ids"] = ids_of
     if layout.primary_key and table.num_rows:
         # Key range and bloom filter: an upsert finds where its keys live
         # from the manifest and reads only those superfiles' key columns.

@@ -96,9 +96,11 @@ def _commit(table: Supertable, operation: str, change: Change, max_retries: int)
         # What each change was, for inspect (small: one line per change).
         props[fields.SCHEMA_HISTORY] = list(base.properties.get(fields.SCHEMA_HISTORY) or []) \
             + [{"version": base.version + 1, "change": what}]
-        if fields.NAME_MAPPING not in base.properties:
+        mapping = base.properties.get(fields.NAME_MAPPING)
+        if mapping is None:
             # Superfiles written before this first change hold these names.
-            props[fields.NAME_MAPPING] = fields.name_mapping(base.schema, {})
+            mapping = props[fields.NAME_MAPPING] = fields.name_mapping(base.schema, {})
+        schema = fields.with_name_mapping(schema, mapping)
         return CommitRequest(operation=operation, schema=schema, allow_schema_change=True,
                              set_properties=props, replace_properties=tuple(props),
                              metadata={"schema_change": what}, base_version=base.version)

@@ -64,6 +64,36 @@ def test_ids_are_the_ones_the_iceberg_face_published(tmp_path):
     assert written.schema_arrow.field("emb").type.value_field.metadata[fields.FIELD_ID] == b"4"
 
 
+def test_a_table_written_before_ids_were_recorded(tmp_path, monkeypatch):
+    import json
+    from beam_supertable.format import documents, writer
+    with monkeypatch.context() as m:   # as the code before ids wrote it
+        m.setattr(documents, "with_ids", lambda schema: schema)
+        m.setattr(writer, "FIELD_ID", b"unused")
+        t = _keyed(tmp_path)
+        t.upsert([{"k": 1, "v": 1, "s": "a"}, {"k": 2, "v": 2, "s": None}])
+        assert fields.field_id(t.schema.field("v")) is None
+        old = t.version
+        published = json.loads(open(os.path.join(t.uri, t.iceberg_metadata_location(old)
+                                                  .split(t.uri + "/", 1)[-1])).read())
+    t = Supertable.open(t.uri)
+    assert [fields.field_id(f) for f in t.schema] == [1, 2, 3, 4]
+    assert [(f["name"], f["id"]) for f in published["schemas"][0]["fields"]] == \
+        [("_id", 1), ("k", 2), ("v", 3), ("s", 4)]
+    t.rename_column("v", "w")
+    t.add_columns(pa.field("v", pa.int32()))
+    t.upsert([{"k": 3, "w": 3, "v": 30, "s": "c"}])
+    ours = t.to_arrow().drop_columns(["_id"]).sort_by("k")
+    assert ours.to_pylist() == [{"k": 1, "w": 1, "s": "a", "v": None},
+                                {"k": 2, "w": 2, "s": None, "v": None},
+                                {"k": 3, "w": 3, "s": "c", "v": 30}]
+    # The old superfile's statistics of "v" are those of w now.
+    assert t.count_rows(pc.field("v").is_null()) == 2
+    assert t.count_rows(pc.field("w") == 1) == 1
+    assert _iceberg_rows(t, t.version) == _rows(ours)
+    assert _iceberg_rows(t, old) == _rows(t.checkout(old).to_arrow())
+
+
 # -- the verbs -------------------------------------------------------------------
 def test_each_change_is_one_metadata_only_commit(tmp_path):
     t = _keyed(tmp_path)
