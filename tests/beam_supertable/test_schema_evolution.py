@@ -164,6 +164,14 @@ def test_drop_then_add_again_is_a_new_column_for_us_and_pyiceberg(tmp_path):
     ours = t.to_arrow().drop_columns(["_id"]).sort_by("k")
     assert ours.to_pylist() == want
     assert _iceberg_rows(t, t.version) == _rows(ours)
+    # The latest Iceberg metadata keeps every schema: time travel reads each
+    # snapshot with its own.
+    static = pytest.importorskip("pyiceberg.table").StaticTable
+    latest = static.from_metadata(t.iceberg_metadata_location())
+    assert [len(s.fields) for s in latest.metadata.schemas] == [4, 3, 4]
+    assert latest.metadata.last_column_id == 5
+    first = latest.scan(snapshot_id=1).to_arrow()
+    assert _rows(first) == [(("k", 1), ("s", "old"), ("v", 1)), (("k", 2), ("s", "older"), ("v", 2))]
     # Filters see the new column too (statistics of the old one do not prune).
     assert t.count_rows(pc.field("s").is_null()) == 2
     assert t.to_arrow(filter=pc.field("s") == "old").num_rows == 0
