@@ -444,9 +444,9 @@ class IcebergMetadata:
             rows = int(entry["rows"])
             lower, upper = schema.bounds(entry)
             counts = {fid: rows for fid, kind in schema.top_level.values() if kind is not None}
-            nulls = {schema.top_level[c][0]: int(n)
-                     for c, n in (entry.get("null_counts") or {}).items()
-                     if c in schema.top_level and schema.top_level[c][1] is not None}
+            columns = schema.columns_of(entry)   # by field id: renames, drops
+            nulls = {columns[c][0]: int(n) for c, n in (entry.get("null_counts") or {}).items()
+                     if c in columns and columns[c][1] is not None}
             nulls[schema.top_level["_id"][0]] = 0
             files.append(data_file(content=DATA, path=f"{location}/{entry['path']}", records=rows,
                                    size=int(entry["bytes"]), value_counts=counts,

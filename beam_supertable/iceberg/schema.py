@@ -69,6 +69,8 @@ class IcebergSchema:
                 mapping.append(names)
             kind = node["type"] if isinstance(node["type"], str) else None
             self.top_level[field.name] = (node["id"], kind)
+        self._by_id = {fid: kind for fid, kind in self.top_level.values()}
+        self._legacy = {name: int(fid) for name, fid in (stamped or {}).items()}
         self.json = {"type": "struct", "schema-id": schema_id, "fields": nodes}
         self.name_mapping = mapping
         self.last_column_id = max(self._next, int(props.get(fields.LAST_COLUMN_ID) or 0))
@@ -137,12 +139,22 @@ class IcebergSchema:
             f"column {where!r}: Arrow type {arrow} has no Apache Iceberg type{why}; store it "
             "as another type, or create the table with iceberg=False")
 
+    def columns_of(self, entry: Dict[str, Any]) -> Dict[str, Tuple[int, Optional[str]]]:
+        """``{name in the entry's statistics: (field id, Iceberg type)}`` of the columns
+        this schema still has: by the entry's field ids (renamed, dropped and added
+        again since it was written), by the name mapping for an entry without them."""
+        ids = entry.get("field_ids") or self._legacy
+        if not ids:
+            return self.top_level
+        return {name: (fid, self._by_id[fid]) for name, fid in ids.items() if fid in self._by_id}
+
     def bounds(self, entry: Dict[str, Any]) -> Tuple[Dict[int, bytes], Dict[int, bytes]]:
         """A superfile entry's ``stats`` as Iceberg lower and upper bounds, by field id."""
         lower: Dict[int, bytes] = {}
         upper: Dict[int, bytes] = {}
+        columns = self.columns_of(entry)
         for column, pair in (entry.get("stats") or {}).items():
-            field_id, kind = self.top_level.get(column, (None, None))
+            field_id, kind = columns.get(column, (None, None))
             if kind is None or not isinstance(pair, (list, tuple)) or len(pair) != 2:
                 continue
             lo, hi = (_encode(kind, pair[0], upper=False), _encode(kind, pair[1], upper=True))

@@ -175,7 +175,8 @@ class WriteToSupertable(beam.PTransform):
         except NotATableError:
             table = None
         if table is not None:
-            _check_existing(table, schema, {
+            # (In merge mode the table may have gained columns since the schema was written.)
+            _check_existing(table, None if self._schema_mode == "merge" else schema, {
                 "vector_column": vector_column, "metric": metric, "fts_columns": fts,
                 "n_cells": n_cells, "replica_factor": replica_factor})
             self._table = _TableRef(uri, storage_options, on_stage=on_stage)

@@ -172,6 +172,11 @@ def test_drop_then_add_again_is_a_new_column_for_us_and_pyiceberg(tmp_path):
     assert latest.metadata.last_column_id == 5
     first = latest.scan(snapshot_id=1).to_arrow()
     assert _rows(first) == [(("k", 1), ("s", "old"), ("v", 1)), (("k", 2), ("s", "older"), ("v", 2))]
+    # Iceberg bounds and null counts of the old superfile are not the new column's.
+    old_entry = [e for e in t.superfiles() if e["rows"] == 2][0]
+    ids = iceberg_schema(t.schema, t.properties).columns_of(old_entry)
+    assert "s" not in ids and ids["v"] == (3, "int")
+    assert latest.scan(row_filter="s is null").to_arrow().num_rows == 2
     # Filters see the new column too (statistics of the old one do not prune).
     assert t.count_rows(pc.field("s").is_null()) == 2
     assert t.to_arrow(filter=pc.field("s") == "old").num_rows == 0
