@@ -94,7 +94,9 @@ class _Settings:
 
 def _changes_of(table: pa.Table, settings: _Settings):
     """``Change`` s of change rows (``feed.read_unit``'s output), in their order."""
-    rows = table.select(settings.row_columns).to_pylist()
+    # (A tailing read's rows carry each version's schema: a column renamed or
+    # dropped since the read was built is not there.)
+    rows = table.select([c for c in settings.row_columns if c in table.column_names]).to_pylist()
     if settings.primary_key:
         parts = [table.column(c).to_pylist() for c in settings.primary_key]
         keys = parts[0] if len(parts) == 1 else list(zip(*parts))

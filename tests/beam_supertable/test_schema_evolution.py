@@ -284,6 +284,23 @@ def test_write_to_supertable_merges_new_columns(tmp_path, runner, exists):
     assert got == [{"a": "p", "n": None}, {"a": "q", "n": 5}]
 
 
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_read_changes_across_schema_changes(tmp_path, runner):
+    from beam_supertable import ReadChangesFromSupertable
+    t = _keyed(tmp_path)
+    start = t.upsert([{"k": 1, "v": 1, "s": "a"}]) - 1
+    t.rename_column("v", "w")
+    t.add_columns(pa.field("u", pa.string()))
+    t.upsert([{"k": 1, "w": 2, "u": "x"}])
+    end = t.drop_columns("s")
+    with TestPipeline(runner=runner) as p:
+        changes = p | ReadChangesFromSupertable(t.uri, start_version=start, end_version=end)
+        assert_that(changes | beam.Map(lambda c: (c.key, c.diff, sorted(c.value.items()))),
+                    equal_to([(1, 1, [("k", 1), ("u", None), ("w", 1)]),
+                              (1, -1, [("k", 1), ("u", None), ("w", 1)]),
+                              (1, 1, [("k", 1), ("u", "x"), ("w", 2)])]))
+
+
 # -- the property -----------------------------------------------------------------
 NAMES = ["a", "b", "c"]
 _op = st.one_of(
