@@ -189,6 +189,27 @@ def test_drop_then_add_again_is_a_new_column_for_us_and_pyiceberg(tmp_path):
     assert _iceberg_rows(t, t.version) == _rows(ours)
 
 
+def test_search_lookups_and_datasets_see_the_current_schema(tmp_path):
+    schema = pa.schema([pa.field("k", pa.int64(), nullable=False), ("n", pa.int32()),
+                        ("body", pa.string()), ("emb", pa.list_(pa.float32(), 2))])
+    t = Supertable.create(str(tmp_path / "t"), schema, primary_key="k", vector_column="emb",
+                          fts_columns=["body"])
+    t.upsert([{"k": i, "n": i, "body": f"word{i}", "emb": [float(i), 1.0]} for i in range(4)])
+    t.rename_column("n", "m")
+    t.alter_column("m", pa.int64())
+    t.add_columns(pa.field("tag", pa.string()))
+    hit = t.search(vector=[2.0, 1.0], k=1, nprobe=10)
+    assert (hit["k"].to_pylist(), hit["m"].to_pylist(), hit["tag"].to_pylist()) == \
+        ([2], [2], [None])
+    assert hit.schema.field("m").type == pa.int64()
+    assert t.search(text="word3", k=1)["m"].to_pylist() == [3]
+    assert t.to_pyarrow_dataset().to_table(columns=["k", "m", "tag"]).sort_by("k")["m"] \
+        .to_pylist() == [0, 1, 2, 3]
+    # An upsert reads the existing rows by key through the same schema.
+    t.upsert([{"k": 1, "m": 10, "body": "word1", "emb": [1.0, 1.0], "tag": "t"}])
+    assert t.to_arrow(filter=pc.field("m") >= 3).sort_by("k")["k"].to_pylist() == [1, 3]
+
+
 def test_changes_read_across_schema_changes(tmp_path):
     t = _keyed(tmp_path)
     start = t.upsert([{"k": 1, "v": 1, "s": "a"}])
