@@ -246,7 +246,9 @@ class Supertable:
                 if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
                     raise SchemaMismatchError(f"{uri}: fts column {c!r} must be a string, got {t}")
             props["fts"] = fts_analysis.fts_property(fts_columns, stop_words, text_analysis)
-        full = pa.schema([pa.field(ID, pa.int64(), nullable=False)] + list(schema))
+        # Ids given anew (a schema read from a Parquet file may bring its own).
+        full = fields.with_ids(pa.schema([pa.field(ID, pa.int64(), nullable=False)]
+                                         + [fields.without_ids(f) for f in schema]))
         if iceberg and not iceberg_meta.has_iceberg_form(uri, full):
             del props[iceberg_meta.ENABLED_PROPERTY]   # said in a warning, naming the column
         return full, props

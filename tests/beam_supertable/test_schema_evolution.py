@@ -62,6 +62,11 @@ def test_ids_are_the_ones_the_iceberg_face_published(tmp_path):
     written = pq.ParquetFile(os.path.join(t.uri, t.superfiles()[0]["path"]))
     assert [fields.field_id(f) for f in written.schema_arrow] == [1, 2, 3, 5, 8]
     assert written.schema_arrow.field("emb").type.value_field.metadata[fields.FIELD_ID] == b"4"
+    # A schema bringing ids of its own (read from another Parquet file) gets the table's.
+    foreign = pa.schema([pa.field("a", pa.int64(), metadata={fields.FIELD_ID: b"1"}),
+                         pa.field("b", pa.int64(), metadata={fields.FIELD_ID: b"1"})])
+    other = Supertable.create(str(tmp_path / "o"), foreign)
+    assert [fields.field_id(f) for f in other.schema] == [1, 2, 3]
 
 
 def test_a_table_written_before_ids_were_recorded(tmp_path, monkeypatch):
@@ -69,6 +74,7 @@ def test_a_table_written_before_ids_were_recorded(tmp_path, monkeypatch):
     from beam_supertable.format import documents, writer
     with monkeypatch.context() as m:   # as the code before ids wrote it
         m.setattr(documents, "with_ids", lambda schema: schema)
+        m.setattr(fields, "with_ids", lambda schema: schema)
         m.setattr(writer, "FIELD_ID", b"unused")
         t = _keyed(tmp_path)
         t.upsert([{"k": 1, "v": 1, "s": "a"}, {"k": 2, "v": 2, "s": None}])
