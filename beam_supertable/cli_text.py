@@ -181,6 +181,13 @@ def format_inspection(report: Dict[str, Any]) -> str:
                      f"{tok['horizon']} at the latest commit); "
                      f"{plural(tok['markers'], 'marker')}, "
                      f"{plural(tok['index_objects'], 'index object')}")
+    schema = report.get("schema")
+    if schema:
+        columns = ", ".join(f"{c['name']} {c['type']} (id {c['id']})" for c in schema["columns"]
+                            if c["name"] != "_id")
+        lines.append(f"  schema      {columns}; last column id {schema['last_column_id']}")
+        for change in schema["history"]:
+            lines.append(f"  changed     version {change['version']}: {change['change']}")
     con = report.get("consumers")
     if con and con["list"]:
         named = ", ".join(f"{c['name']} at {c['version']} ({duration_text(round(c['age_s']))} "

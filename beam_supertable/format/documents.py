@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from beam_supertable.errors import CorruptManifestError
 from beam_supertable.format.digest import combine
+from beam_supertable.format.fields import with_ids
 
 FORMAT_VERSION = 1
 META = "_supertable"
@@ -163,11 +164,13 @@ def unseal(data: bytes, where: str) -> Dict[str, Any]:
 
 
 def schema_to_text(schema: pa.Schema) -> str:
-    return base64.b64encode(schema.serialize().to_pybytes()).decode()
+    # Every persisted schema holds its field ids (see format/fields.py).
+    return base64.b64encode(with_ids(schema).serialize().to_pybytes()).decode()
 
 
 def schema_from_text(text: str) -> pa.Schema:
-    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+    # A schema written before ids were recorded gets the ids the Iceberg face gave it.
+    return with_ids(pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text))))
 
 
 class PartSource(Protocol):

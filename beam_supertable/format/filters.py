@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from beam_supertable.format.fields import field_id, schema_mapping
 from beam_supertable.format.expression import Call, Field, Literal, Node, parse
 from beam_supertable.format.schema import ID
 
@@ -327,6 +328,23 @@ class Pruner:
         return self._sets[key]
 
     # What an entry says about a column ----------------------------------------
+    def _held_name(self, entry: dict, name: str) -> Optional[str]:
+        """The name the entry's statistics give the table's column ``name`` (by
+        field id: it was renamed since, or is a new column of that name), or
+        None when the superfile was written before the column existed."""
+        if self._schema is None or name not in self._schema.names:
+            return name
+        ids = entry.get("field_ids")
+        if not ids:
+            # Written before ids were recorded: named as the table's name mapping says.
+            ids = schema_mapping(self._schema)
+            if ids is None:
+                return name
+        wanted = field_id(self._schema.field(name))
+        if wanted is None or ids.get(name) == wanted:
+            return name
+        return next((n for n, i in ids.items() if i == wanted), None)
+
     def _column(self, entry: dict, name: str, literal_kind: Optional[str]) -> _Column:
         rows = int(entry.get("rows", 0))
         if name == ID:
@@ -334,11 +352,15 @@ class Pruner:
             if lo is None or hi is None:
                 return _Column(None, rows=rows)
             return _Column("int", int(lo), int(hi), 0, rows, nan=False)
+        held = self._held_name(entry, name)
+        if held is None:    # the superfile predates the column: its values are null
+            return _Column(None, nulls=rows, rows=rows)
+        name_in_table, name = name, held
         counts = entry.get("null_counts")
         nulls = None if counts is None or name not in counts else int(counts[name])
         new_format = counts is not None
         bounds = (entry.get("stats") or {}).get(name)
-        field_type = self._field_type(name)
+        field_type = self._field_type(name_in_table)
         if bounds is None:
             return _Column(None, nulls=nulls, rows=rows)
         lo, hi = bounds

@@ -24,6 +24,7 @@ from beam_supertable.format import superfile
 from beam_supertable.format.digest import row_digest
 from beam_supertable.format.documents import Snapshot
 from beam_supertable.format.filters import column_stats, null_counts
+from beam_supertable.format.fields import FIELD_ID, field_id
 from beam_supertable.format.ids import new_ids
 from beam_supertable.format.keys import key_stats
 from beam_supertable.format.schema import ID
@@ -82,7 +83,8 @@ def build_and_upload(store: ObjectStore, table: pa.Table, layout: Layout,
     """One superfile from ``table`` (user columns; ``_id`` added unless given)."""
     if ids is None:
         ids = new_ids(store, table.num_rows)
-    full = table.add_column(0, pa.field(ID, pa.int64(), nullable=False), pa.array(ids))
+    id_field = pa.field(ID, pa.int64(), nullable=False, metadata={FIELD_ID: b"1"})
+    full = table.add_column(0, id_field, pa.array(ids))
     data, summary = superfile.build(
         full, vector=layout.vector, cells=cells, replica_cells=replicas,
         fts_columns=layout.fts_columns, analysis=layout.analysis,
@@ -100,6 +102,9 @@ def build_and_upload(store: ObjectStore, table: pa.Table, layout: Layout,
         "digest": row_digest(table),   # what the rows are, for commit fingerprints
         **summary,
     }
+    ids_of = {f.name: field_id(f) for f in full.schema if field_id(f) is not None}
+    if ids_of:   # whose statistics they are: a filter prunes by field id after renames
+        entry["field_ids"] = ids_of
     if layout.primary_key and table.num_rows:
         # Key range and bloom filter: an upsert finds where its keys live
         # from the manifest and reads only those superfiles' key columns.

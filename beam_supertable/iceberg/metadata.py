@@ -46,7 +46,7 @@ import json
 import logging
 import re
 import uuid
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -182,6 +182,7 @@ class IcebergMetadata:
             if found is None:
                 return None
             self._remember(self._tables, version, found)
+            return found    # (an old version is not kept among the newest four)
         return self._tables[version]
 
     def _manifest_list(self, version: int) -> Optional[List[Dict[str, Any]]]:
@@ -190,7 +191,9 @@ class IcebergMetadata:
                 data = self.store.get(manifest_list_path(version))
             except FileNotFoundError:
                 return None
-            self._remember(self._lists, version, read_manifest_list(data))
+            listed = read_manifest_list(data)
+            self._remember(self._lists, version, listed)
+            return listed
         return self._lists[version]
 
     @staticmethod
@@ -340,7 +343,7 @@ class IcebergMetadata:
         """
         version = snapshot.version
         location = table_location(self.store)
-        schema = iceberg_schema(snapshot.schema)
+        schema = iceberg_schema(snapshot.schema, snapshot.properties)
         if version > 0 and self.moved_from(version - 1) is not None:
             self.relocate()
             reuse = False
@@ -478,9 +481,9 @@ class IcebergMetadata:
             rows = int(entry["rows"])
             lower, upper = schema.bounds(entry)
             counts = {fid: rows for fid, kind in schema.top_level.values() if kind is not None}
-            nulls = {schema.top_level[c][0]: int(n)
-                     for c, n in (entry.get("null_counts") or {}).items()
-                     if c in schema.top_level and schema.top_level[c][1] is not None}
+            columns = schema.columns_of(entry)   # by field id: renames, drops
+            nulls = {columns[c][0]: int(n) for c, n in (entry.get("null_counts") or {}).items()
+                     if c in columns and columns[c][1] is not None}
             nulls[schema.top_level["_id"][0]] = 0
             files.append(data_file(content=DATA, path=f"{location}/{entry['path']}", records=rows,
                                    size=int(entry["bytes"]), value_counts=counts,
@@ -591,16 +594,24 @@ class IcebergMetadata:
             "metadata-log": [],
             "refs": {},
         }
-        if key:
-            document["schemas"][0] = dict(schema.json, **{"identifier-field-ids": [
-                schema.top_level[c][0] for c in key]})
+        before = self._table_json(version - 1) if version > 1 else None
+        # One schema per shape the table has had, by id; each snapshot names its own.
+        # An overwrite that changed the schema starts anew (its old snapshots would
+        # be read with ids given again from 1).
+        fresh = before is None or (snapshot.commit.get("operation") == "overwrite"
+                                   and _fields(before) != schema.json["fields"])
+        current_json = dict(schema.json, **({"identifier-field-ids": [
+            schema.top_level[c][0] for c in key]} if key else {}))
+        document["schemas"], schema_id = _schemas([] if fresh else before.get("schemas", []),
+                                                  current_json)
+        document["current-schema-id"] = schema_id
+        if not fresh:
+            document["last-column-id"] = max(schema.last_column_id,
+                                             int(before.get("last-column-id", 0)))
         if version == 0:
             return document
         history = []
-        before = self._table_json(version - 1) if version > 1 else None
-        if before is not None and _fields(before) == schema.json["fields"]:
-            # Snapshots of another schema (before an overwrite that changed it)
-            # would be read with this one: they are left out.
+        if not fresh:
             history = [s for s in before.get("snapshots", ())
                        if s.get("snapshot-id", version) < version][-(SNAPSHOTS_KEPT - 1):]
         current = {
@@ -609,7 +620,7 @@ class IcebergMetadata:
             "timestamp-ms": _millis(snapshot.commit["timestamp"]),
             "manifest-list": f"{location}/{manifest_list_path(version)}",
             "summary": self._summary(snapshot, manifests),
-            "schema-id": 0,
+            "schema-id": schema_id,
         }
         if history:
             current["parent-snapshot-id"] = history[-1]["snapshot-id"]
@@ -658,7 +669,18 @@ def _version_of_metadata(uri: str) -> Optional[int]:
 
 def _fields(table: Dict[str, Any]) -> Any:
     schemas = table.get("schemas") or [{}]
-    return schemas[0].get("fields")
+    current = table.get("current-schema-id", 0)
+    return next((s for s in schemas if s.get("schema-id", 0) == current), schemas[0]).get("fields")
+
+
+def _schemas(known: List[Dict[str, Any]], current: Dict[str, Any]) -> Tuple[list, int]:
+    """The schemas list with ``current`` in it, and its schema id (an equal one's, or new)."""
+    for s in known:
+        if s.get("fields") == current["fields"] \
+                and s.get("identifier-field-ids") == current.get("identifier-field-ids"):
+            return list(known), int(s.get("schema-id", 0))
+    schema_id = max((int(s.get("schema-id", 0)) for s in known), default=-1) + 1
+    return list(known) + [dict(current, **{"schema-id": schema_id})], schema_id
 
 
 def referenced(store: ObjectStore, snapshot: Snapshot) -> Set[str]:

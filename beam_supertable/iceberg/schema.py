@@ -1,9 +1,10 @@
 """A table's Arrow schema as an Iceberg schema, and bounds in Iceberg's binary form.
 
-Field ids are given in schema order, depth first (``_id`` is 1), so the same
-Arrow schema always gets the same ids. Superfiles carry no Parquet field ids;
-the name mapping (``schema.name-mapping.default``) resolves their columns by
-name, the list elements of a vector column included.
+Field ids are the table's (format/fields.py: recorded in its schema, given in
+schema order, depth first, ``_id`` is 1). Superfiles carry them as Parquet
+field ids; those written before ids were recorded carry none, and the name
+mapping (``schema.name-mapping.default``) resolves their columns by the names
+they were written with, the list elements of a vector column included.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import pyarrow as pa
 
 from beam_supertable.errors import SchemaMismatchError
+from beam_supertable.format import fields
 
 __all__ = ["IcebergSchema", "iceberg_schema"]
 
@@ -42,26 +44,47 @@ class IcebergSchema:
             columns; the type is None for nested ones (no bounds for them).
     """
 
-    def __init__(self, schema: pa.Schema) -> None:
+    def __init__(self, schema: pa.Schema, properties: Optional[Dict[str, Any]] = None,
+                 schema_id: int = 0) -> None:
+        # The ids the table's schema records (format/fields.py); a schema
+        # without them gets the ones this face has always given.
+        schema = fields.with_ids(schema)
+        props = properties or {}
+        stamped = props.get(fields.NAME_MAPPING)
+        legacy: Dict[int, List[str]] = {}
+        for name, fid in (stamped or {}).items():
+            legacy.setdefault(int(fid), []).append(name)
         self._next = 0
-        fields, mapping = [], []
+        nodes, mapping = [], []
         self.top_level: Dict[str, Tuple[int, Optional[str]]] = {}
         for field in schema:
             node, names = self._field(field)
-            fields.append(node)
-            mapping.append(names)
+            nodes.append(node)
+            if stamped is not None:
+                # Superfiles without ids hold the names of before the first schema
+                # change: a column added since (a dropped name added again too)
+                # is not in them.
+                names["names"] = legacy.get(node["id"], [])
+            if names["names"]:
+                mapping.append(names)
             kind = node["type"] if isinstance(node["type"], str) else None
             self.top_level[field.name] = (node["id"], kind)
-        self.json = {"type": "struct", "schema-id": 0, "fields": fields}
+        self._by_id = {fid: kind for fid, kind in self.top_level.values()}
+        self._legacy = {name: int(fid) for name, fid in (stamped or {}).items()}
+        self.json = {"type": "struct", "schema-id": schema_id, "fields": nodes}
         self.name_mapping = mapping
-        self.last_column_id = self._next
+        self.last_column_id = max(self._next, int(props.get(fields.LAST_COLUMN_ID) or 0))
 
-    def _id(self) -> int:
-        self._next += 1
-        return self._next
+    def _id(self, field: Optional[pa.Field] = None) -> int:
+        found = fields.field_id(field) if field is not None else None
+        if found is None:
+            self._next += 1
+            return self._next
+        self._next = max(self._next, found)
+        return found
 
     def _field(self, field: pa.Field) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-        field_id = self._id()
+        field_id = self._id(field)
         kind, nested = self._type(field.type, field.name)
         node = {"id": field_id, "name": field.name, "required": not field.nullable, "type": kind}
         names: Dict[str, Any] = {"field-id": field_id, "names": [field.name]}
@@ -86,8 +109,8 @@ class IcebergSchema:
             return f"fixed[{arrow.byte_width}]", []
         if pa.types.is_list(arrow) or pa.types.is_large_list(arrow) \
                 or pa.types.is_fixed_size_list(arrow):
-            element_id = self._id()
             value = arrow.value_field
+            element_id = self._id(value)
             kind, nested = self._type(value.type, f"{where}.{value.name}")
             names: Dict[str, Any] = {"field-id": element_id, "names": ["element"]}
             if nested:
@@ -95,14 +118,14 @@ class IcebergSchema:
             return ({"type": "list", "element-id": element_id, "element": kind,
                      "element-required": not value.nullable}, [names])
         if pa.types.is_struct(arrow):
-            fields, mapping = [], []
+            children, mapping = [], []
             for child in arrow:
                 node, names = self._field(child)
-                fields.append(node)
+                children.append(node)
                 mapping.append(names)
-            return {"type": "struct", "fields": fields}, mapping
+            return {"type": "struct", "fields": children}, mapping
         if pa.types.is_map(arrow):
-            key_id, value_id = self._id(), self._id()
+            key_id, value_id = self._id(arrow.key_field), self._id(arrow.item_field)
             key, _ = self._type(arrow.key_type, f"{where}.key")
             value, value_nested = self._type(arrow.item_type, f"{where}.value")
             value_names: Dict[str, Any] = {"field-id": value_id, "names": ["value"]}
@@ -116,12 +139,22 @@ class IcebergSchema:
             f"column {where!r}: Arrow type {arrow} has no Apache Iceberg type{why}; store it "
             "as another type, or create the table with iceberg=False")
 
+    def columns_of(self, entry: Dict[str, Any]) -> Dict[str, Tuple[int, Optional[str]]]:
+        """``{name in the entry's statistics: (field id, Iceberg type)}`` of the columns
+        this schema still has: by the entry's field ids (renamed, dropped and added
+        again since it was written), by the name mapping for an entry without them."""
+        ids = entry.get("field_ids") or self._legacy
+        if not ids:
+            return self.top_level
+        return {name: (fid, self._by_id[fid]) for name, fid in ids.items() if fid in self._by_id}
+
     def bounds(self, entry: Dict[str, Any]) -> Tuple[Dict[int, bytes], Dict[int, bytes]]:
         """A superfile entry's ``stats`` as Iceberg lower and upper bounds, by field id."""
         lower: Dict[int, bytes] = {}
         upper: Dict[int, bytes] = {}
+        columns = self.columns_of(entry)
         for column, pair in (entry.get("stats") or {}).items():
-            field_id, kind = self.top_level.get(column, (None, None))
+            field_id, kind = columns.get(column, (None, None))
             if kind is None or not isinstance(pair, (list, tuple)) or len(pair) != 2:
                 continue
             lo, hi = (_encode(kind, pair[0], upper=False), _encode(kind, pair[1], upper=True))
@@ -168,6 +201,8 @@ def _encode(kind: str, value: Any, *, upper: bool) -> Optional[bytes]:
     return None
 
 
-def iceberg_schema(schema: pa.Schema) -> IcebergSchema:
-    """The Iceberg view of ``schema`` (see :class:`IcebergSchema`)."""
-    return IcebergSchema(schema)
+def iceberg_schema(schema: pa.Schema, properties: Optional[Dict[str, Any]] = None,
+                   schema_id: int = 0) -> IcebergSchema:
+    """The Iceberg view of ``schema`` (see :class:`IcebergSchema`); ``properties``
+    (the table's) give its last column id and the name mapping of old superfiles."""
+    return IcebergSchema(schema, properties, schema_id)

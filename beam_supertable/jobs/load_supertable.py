@@ -31,9 +31,10 @@ from beam_supertable.jobs.file_rows import (
     sample_rows)
 from beam_supertable.jobs.io_formats import JOB_NAMESPACE, to_json
 from beam_supertable.jobs.options import (
-    DeadLetters, JobError, JobParser, add_dead_letters, add_max_invalid, add_storage_options,
-    check_invalid, counter_totals, default_dead_letters, input_format, job_argv, local_parents,
-    new_run_id, open_table, parse, positive_int, require_input, run_pipeline, schema_difference, split_columns,
+    DeadLetters, JobError, JobParser, add_dead_letters, add_max_invalid, add_schema_mode,
+    add_storage_options, check_invalid, counter_totals, default_dead_letters, input_format,
+    job_argv, local_parents, new_run_id, open_table, parse, positive_int, require_input,
+    run_pipeline, schema_difference, split_columns,
     storage_options)
 from beam_supertable.jobs.options import main as job_main
 from beam_supertable.transforms import NAMESPACE as TABLE_NAMESPACE
@@ -89,6 +90,7 @@ def build_parser() -> JobParser:
         "--job-id", "--job_id", dest="job_id", default=None, metavar="ID",
         help="a stable id (say, the batch's name) makes a rerun of the same load commit "
              f"nothing new. Default: one id per run ({SAMPLE_JOB_ID} for the sample)")
+    add_schema_mode(parser)
     add_dead_letters(parser, JOB)
     add_max_invalid(parser, "rows")
     return parser
@@ -193,7 +195,8 @@ def plan(args) -> Plan:
     vector_column = args.vector_column
     rows = sample_rows(path, fmt) if fmt != "parquet" else None
     if table is not None:
-        if schema is not None:
+        merge = getattr(args, "schema_mode", "strict") == "merge"
+        if schema is not None and not merge:
             differs = schema_difference(schema, table.user_schema)
             if differs:
                 raise JobError(f"--schema does not match the table at {args.table}: {differs}")
@@ -212,8 +215,14 @@ def plan(args) -> Plan:
             got = infer_schema(pattern, fmt, held_vector)
         except ValueError as exc:
             raise JobError(_in_path(path, exc)) from None
-        _check_columns("--input", path, table.user_schema, got)
-        return Plan(pattern, fmt, table.user_schema, {}, options, job_id)
+        held = table.user_schema
+        if merge:
+            # --schema-mode merge: the input's new columns join the table (the
+            # sink adds them); the rows are coerced to their inferred types.
+            held = pa.schema(list(held) + [pa.field(f.name, f.type) for f in
+                                           (schema or got) if f.name not in held.names])
+        _check_columns("--input", path, held, got)
+        return Plan(pattern, fmt, held, {}, options, job_id)
     vector = vector_column or (SAMPLE_VECTOR_COLUMN if sample else None)
     text = split_columns(args.text_columns or (SAMPLE_TEXT_COLUMNS if sample else None))
     if rows == [] and schema is not None:
@@ -246,9 +255,11 @@ def build(p: beam.Pipeline, args, todo: Plan, part: str) -> None:
         coerced = rows | "Coerce" >> beam.ParDo(_Coerce(todo.schema)).with_outputs(
             BAD_TAG, main="ok")
         rows, bad = coerced.ok, (bad, coerced[BAD_TAG]) | "ReadBad" >> beam.Flatten()
+    merge = getattr(args, "schema_mode", "strict") == "merge"
     written = rows | "Write" >> WriteToSupertable(
-        args.table, schema=todo.schema, n_shards=args.n_shards, job_id=todo.job_id,
-        storage_options=todo.options, **todo.create).with_invalid_output()
+        args.table, schema=None if merge and not todo.create else todo.schema,
+        n_shards=args.n_shards, job_id=todo.job_id, storage_options=todo.options,
+        schema_mode=getattr(args, "schema_mode", "strict"), **todo.create).with_invalid_output()
     _ = ((bad, written.invalid) | "AllBad" >> beam.Flatten()
          | "DeadLetter" >> beam.Map(_as_invalid)
          | "DeadLetterJson" >> beam.Map(to_json)

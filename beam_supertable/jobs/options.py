@@ -100,6 +100,14 @@ def add_storage_options(parser: argparse.ArgumentParser) -> None:
              "'{\"client_kwargs\": {\"endpoint_url\": \"http://127.0.0.1:9000\"}}'")
 
 
+def add_schema_mode(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--schema-mode", "--schema_mode", dest="schema_mode", choices=("strict", "merge"),
+        default="strict",
+        help="strict (the default): input columns the table lacks are refused; merge: they "
+             "are added to the table (one schema commit; existing rows read null in them)")
+
+
 def add_max_invalid(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument(
         "--max-invalid", "--max_invalid", dest="max_invalid", type=_max_invalid_type,

@@ -53,9 +53,10 @@ from beam_supertable.jobs.file_rows import (
 from beam_supertable.jobs.io_formats import (
     JOB_NAMESPACE, command_row, parse_key, parse_time, to_json)
 from beam_supertable.jobs.options import (
-    DeadLetters, JobError, JobParser, add_dead_letters, add_max_invalid, add_storage_options,
-    check_invalid, counter_totals, default_dead_letters, input_format, job_argv, local_parents, new_run_id,
-    open_table, parse, require_input, run_pipeline, schema_difference, split_columns, storage_options)
+    DeadLetters, JobError, JobParser, add_dead_letters, add_max_invalid, add_schema_mode,
+    add_storage_options, check_invalid, counter_totals, default_dead_letters, input_format,
+    job_argv, local_parents, new_run_id, open_table, parse, require_input, run_pipeline,
+    schema_difference, split_columns, storage_options)
 from beam_supertable.jobs.options import main as job_main
 from beam_supertable.transforms.upsert_write import NAMESPACE as TABLE_NAMESPACE
 from beam_upsert import Invalid, UpsertCommand
@@ -100,6 +101,7 @@ def build_parser() -> JobParser:
     parser.add_argument(
         "--job-id", "--job_id", dest="job_id", default=None, metavar="ID",
         help="names the job's commits and its dead letters. Default: one id per run")
+    add_schema_mode(parser)
     add_dead_letters(parser, JOB)
     add_max_invalid(parser, "commands")
     parser.add_argument(
@@ -343,7 +345,9 @@ def plan(args) -> Plan:
         if given_keys and given_keys != keys:
             raise JobError(f"--primary-key {args.primary_key}: the table at {args.table} is "
                            f"keyed by {','.join(keys)}")
-        differs = schema_difference(schema, table.user_schema) if schema is not None else None
+        merge = getattr(args, "schema_mode", "strict") == "merge"
+        differs = (schema_difference(schema, table.user_schema)
+                   if schema is not None and not merge else None)
         if differs:
             raise JobError(f"--schema does not match the table at {args.table}: {differs}")
         if args.replay:   # the records are checked one by one (prepare_replay)
@@ -354,7 +358,8 @@ def plan(args) -> Plan:
     rows = sample_commands(path)
     if table is not None:
         check_keys(path, keys, rows, new_table=False)
-        check_columns("--table " + args.table, path, table.user_schema, rows)
+        if not merge:   # --schema-mode merge: new columns join the table
+            check_columns("--table " + args.table, path, table.user_schema, rows)
         return Plan(pattern, keys, schema, {}, options)
     keys = given_keys or [DEFAULT_PRIMARY_KEY]
     check_keys(path, keys, rows, new_table=True)
@@ -510,7 +515,8 @@ def build(p: beam.Pipeline, args, todo: Plan, part: str, refused: Sequence[Inval
                   BAD_TAG, main="ok"))
     written = parsed.ok | "Upsert" >> UpsertToSupertable(
         args.table, schema=todo.schema, primary_key=todo.keys, storage_options=todo.options,
-        job_id=args.job_id, **todo.create).with_invalid_output()
+        job_id=args.job_id, schema_mode=getattr(args, "schema_mode", "strict"),
+        **todo.create).with_invalid_output()
     bad = [parsed[BAD_TAG], written.invalid | "AsCommand" >> beam.ParDo(_AsCommandRecord(originals))]
     if refused:
         bad.append(p | "NotReplayed" >> beam.Create(list(refused)))

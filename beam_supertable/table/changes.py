@@ -185,7 +185,9 @@ def version_units(before: Snapshot, after: Snapshot, with_stats: bool = False) -
     ``with_stats``: every unit's entry carries its statistics (to prune by a filter)."""
     if after.commit.get("operation") == OPTIMIZE:
         return []   # a rewrite under the same _ids: no logical change
-    if after.schema != before.schema:
+    if after.schema != before.schema and after.commit.get("operation") == "overwrite":
+        # Schema changes (add, drop, rename, widen) read on by field id; an
+        # overwrite gives ids anew: its two sides cannot share one schema.
         raise SchemaMismatchError(
             f"changes: version {after.version} changed the table's schema (an overwrite); "
             f"changes on both sides cannot share one schema: read up to version "
@@ -259,7 +261,7 @@ def read_unit(handle: TableHandle, unit: dict, table_schema: pa.Schema, names: S
         named = _filter_columns(filter)
         read = None if named is None else wanted + [c for c in dict.fromkeys(named)
                                                     if c not in wanted]
-    reader = handle._reader(entry)
+    reader = handle._reader(entry, table_schema)   # by field id, as the range's end names them
     gone = _rows(handle, unit["exclude"])
     if unit["take"]:
         rows = np.setdiff1d(_rows(handle, unit["take"]), gone)
@@ -344,14 +346,17 @@ def changes(handle: TableHandle, start_version: int, end_version: Optional[int] 
         raise TypeError(f"changes: consolidate must be True or False, got "
                         f"{consolidate_changes!r}")
     start, end = versions_between(handle, start_version, end_version)
-    first = load(handle, start)
+    # The rows carry the schema of the range's end (columns added since the
+    # start read null in older rows; dropped ones are left out; renamed ones
+    # carry their new name).
+    first = load(handle, end)
     names = change_columns(first, columns)
     check_filter(first.schema, filter)
     primary_key = list(first.properties.get("primary_key") or []) if consolidate_changes else []
     # Consolidating compares whole rows (keyed) or ids; it reads every user column.
     read = [n for n in first.schema.names if n != ID] if primary_key else names
     tables = [read_unit(handle, unit, first.schema, read, filter)
-              for _, units in plan(handle, start, end, first, filter is not None)
+              for _, units in plan(handle, start, end, None, filter is not None)
               for unit in units]
     schema = output_schema(first.schema, read)
     out = pa.concat_tables([schema.empty_table()] + tables)

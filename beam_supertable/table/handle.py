@@ -53,7 +53,8 @@ class TableHandle(Protocol):
     def read_superfile(self, entry: dict, columns: Sequence[str],
                        filter: Any = None) -> pa.Table: ...  # noqa: A002
 
-    def _reader(self, entry: dict) -> SuperfileReader: ...
+    def _reader(self, entry: dict, schema: Optional[pa.Schema] = None
+                ) -> SuperfileReader: ...
 
     def _deleted_rows(self, entry: dict, snapshot: Optional[Snapshot] = None
                       ) -> np.ndarray: ...

@@ -20,6 +20,8 @@ vector, so it costs the same on a table of ten superfiles or ten thousand
                  "by_kind": {kind: {"objects", "bytes"}},
                  "referenced_by_latest": {"objects", "bytes", "missing"}},
      "tokens": {"retention_s", "horizon", "markers", "index_objects"},
+     "schema": {"columns": [{"name", "id", "type"}], "last_column_id",
+                "history": [{"version", "change"}]},
      "consumers": {"expiry_s", "list": [{"name", "version", "updated_at", "age_s",
                                          "expired"}],
                    "held": {"versions", "bytes"}},
@@ -56,6 +58,7 @@ import datetime
 import statistics
 from typing import Any, Dict, Iterable, List, Optional, Union
 
+from beam_supertable.format import fields
 from beam_supertable.format import ids
 from beam_supertable.format.consumers import CONSUMERS, consumer_expiry_of
 from beam_supertable.format.documents import (
@@ -156,6 +159,9 @@ def inspect_table(uri: str, storage_options: Optional[dict] = None, *,
         "storage": {**_storage(manifest, snapshot, objects, sizes),
                     "by_kind": _by_kind(objects, plan)},
         "tokens": _tokens(snapshot, objects),
+        "schema": {"columns": fields.describe(snapshot.schema),
+                   "last_column_id": fields.last_column_id(snapshot.schema, snapshot.properties),
+                   "history": list(snapshot.properties.get(fields.SCHEMA_HISTORY) or [])},
         "consumers": {"expiry_s": consumer_expiry_of(snapshot.properties),
                       "list": [c.to_dict() for c in plan.consumers],
                       "held": {"versions": len(plan.held_versions)

@@ -22,6 +22,7 @@ from beam_supertable._moved import old_names
 from beam_supertable.errors import (
     IcebergDisabledError, NotATableError, SchemaMismatchError, TableExistsError)
 from beam_supertable.format import deletes as dv
+from beam_supertable.format import fields
 from beam_supertable.format.cache import DEFAULT_CACHE_BYTES, ByteCache
 from beam_supertable.format.consumers import (
     CONSUMER_EXPIRY, Consumer, consumer_expiry_of, expiry_seconds)
@@ -43,6 +44,7 @@ from beam_supertable.fts import search as text_search
 from beam_supertable.iceberg import metadata as iceberg_meta
 from beam_supertable.table import changes as change_feed
 from beam_supertable.table import consumers as feed_consumers
+from beam_supertable.table import evolve
 from beam_supertable.table.dataset import LiveRows
 from beam_supertable.table.merge_insert import MergeInsertBuilder, MergeResult
 from beam_supertable.table.mutation import FRONTIER, Mutation
@@ -247,7 +249,9 @@ class Supertable:
                 if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
                     raise SchemaMismatchError(f"{uri}: fts column {c!r} must be a string, got {t}")
             props["fts"] = fts_analysis.fts_property(fts_columns, stop_words, text_analysis)
-        full = pa.schema([pa.field(ID, pa.int64(), nullable=False)] + list(schema))
+        # Ids given anew (a schema read from a Parquet file may bring its own).
+        full = fields.with_ids(pa.schema([pa.field(ID, pa.int64(), nullable=False)]
+                                         + [fields.without_ids(f) for f in schema]))
         if iceberg and not iceberg_meta.has_iceberg_form(uri, full):
             del props[iceberg_meta.ENABLED_PROPERTY]   # said in a warning, naming the column
         return full, props
@@ -400,7 +404,7 @@ class Supertable:
     def append(self, data: Data, *, token: Optional[str] = None,
                metadata: Optional[Dict[str, Any]] = None, frontier: Optional[int] = None,
                max_retries: int = DEFAULT_MAX_RETRIES, n_shards: Optional[int] = None,
-               memory_budget_bytes: Optional[int] = None) -> int:
+               memory_budget_bytes: Optional[int] = None, schema_mode: str = "strict") -> int:
         """Appends rows as one commit; returns the new version.
 
         Validates everything before writing anything, assigns fresh ``_id`` s,
@@ -423,6 +427,10 @@ class Supertable:
                 this commit records; it may not be lower than the table's.
             memory_budget_bytes: refuse (MemoryBudgetError) an append whose
                 estimated peak memory exceeds this, before writing anything.
+            schema_mode: ``"strict"`` (the default): a column the table lacks
+                is refused. ``"merge"``: such columns are added first (one
+                schema commit, see ``add_columns``); in both, table columns the
+                rows lack are null.
 
         Raises:
             SchemaMismatchError: data that does not fit the schema; the message
@@ -432,6 +440,8 @@ class Supertable:
             TokenReuseError: ``token`` already landed with other rows.
             CommitFailedError: the commit did not land within ``max_retries``.
         """
+        if evolve.check_schema_mode(schema_mode) == "merge":
+            data = evolve.merge_input(self, data, max_retries=max_retries)
         return self._writer.write(data, "append", token=token, metadata=metadata,
                                   frontier=frontier, max_retries=max_retries, n_shards=n_shards,
                                   memory_budget_bytes=memory_budget_bytes)
@@ -439,7 +449,7 @@ class Supertable:
     def upsert(self, data: Data, *, token: Optional[str] = None,
                metadata: Optional[Dict[str, Any]] = None, frontier: Optional[int] = None,
                max_retries: int = DEFAULT_MAX_RETRIES, n_shards: Optional[int] = None,
-               memory_budget_bytes: Optional[int] = None) -> int:
+               memory_budget_bytes: Optional[int] = None, schema_mode: str = "strict") -> int:
         """Inserts rows, or replaces the live row with the same key, in one commit.
 
         The keys are resolved against the version the commit lands on (a lost
@@ -461,6 +471,7 @@ class Supertable:
             max_retries: as for ``append``.
             n_shards: as for ``append``.
             memory_budget_bytes: as for ``append``.
+            schema_mode: as for ``append``.
 
         Returns:
             The version holding the upsert (this handle moves to it).
@@ -475,6 +486,8 @@ class Supertable:
             raise SchemaMismatchError(
                 f"{self.uri}: upsert needs a keyed table; this one has no primary key "
                 f"(create it with primary_key=...), use append")
+        if evolve.check_schema_mode(schema_mode) == "merge":
+            data = evolve.merge_input(self, data, max_retries=max_retries)
         # The builder's common case (``merge_insert.MergeInsertBuilder``), on its key path.
         return (self.merge_insert().when_matched_update_all().when_not_matched_insert_all()
                 .execute(data, token=token, metadata=metadata, frontier=frontier,
@@ -690,16 +703,77 @@ class Supertable:
             self.vacuum(retain_versions=retain_versions, older_than=older_than)
         return result
 
+    # -- schema changes (table/evolve.py) --------------------------------------
+    def add_columns(self, fields: Union[pa.Field, Sequence[pa.Field], pa.Schema], *,
+                    max_retries: int = DEFAULT_MAX_RETRIES) -> int:
+        """Adds nullable columns in one metadata-only commit; returns the new version.
+
+        Existing rows read null in them; each takes a new field id (a dropped
+        name added again is a new column: its old values never come back).
+
+        Raises:
+            SchemaMismatchError: a column already there, not nullable, named
+                with a leading ``_``, or without an Iceberg type on an Iceberg table.
+        """
+        return evolve.add_columns(self, fields, max_retries=max_retries)
+
+    def drop_columns(self, names: Union[str, Sequence[str]], *,
+                     max_retries: int = DEFAULT_MAX_RETRIES) -> int:
+        """Drops columns in one metadata-only commit; returns the new version.
+
+        Older versions still read them; ``optimize`` leaves their data out of
+        what it rewrites.
+
+        Raises:
+            SchemaMismatchError: an unknown column, or a primary-key, vector or
+                text index column.
+        """
+        return evolve.drop_columns(self, names, max_retries=max_retries)
+
+    def rename_column(self, old: str, new: str, *,
+                      max_retries: int = DEFAULT_MAX_RETRIES) -> int:
+        """Renames a column (its field id stays) in one metadata-only commit.
+
+        Raises:
+            SchemaMismatchError: an unknown ``old``, a taken ``new``, or a
+                primary-key, vector or text index column.
+        """
+        return evolve.rename_column(self, old, new, max_retries=max_retries)
+
+    def alter_column(self, name: str, type: pa.DataType, *,  # noqa: A002
+                     max_retries: int = DEFAULT_MAX_RETRIES) -> int:
+        """Widens a column's type in one metadata-only commit; returns the new version.
+
+        Widenings: int8→int16→int32→int64, float32→float64, a decimal's
+        precision up (same scale), string→large_string. The same type is a
+        no-op (nothing committed).
+
+        Raises:
+            SchemaMismatchError: a narrowing or another change, an unknown
+                column, or a primary-key, vector or text index column.
+        """
+        return evolve.alter_column(self, name, type, max_retries=max_retries)
+
     # -- reading ---------------------------------------------------------
     def superfiles(self) -> List[dict]:
         return self._snapshot.entries()
 
-    def _reader(self, entry: dict) -> SuperfileReader:
+    def _reader(self, entry: dict, schema: Optional[pa.Schema] = None) -> SuperfileReader:
         def load():
             reader = SuperfileReader(self._store, entry, self.io, self._cache)
             return reader, reader.nbytes
 
-        return self._cache.get_or_load(("reader", entry["path"]), load)
+        # Seen through this version's schema: by field id, renamed, widened, new columns null.
+        return fields.resolve(self._cache.get_or_load(("reader", entry["path"]), load),
+                              self._resolution() if schema is None else fields.Resolution(
+                                  schema, fields.name_mapping(schema, self._snapshot.properties)))
+
+    def _resolution(self) -> "fields.Resolution":
+        found = getattr(self, "_resolved", None)
+        if found is None or found[0] is not self._snapshot:
+            found = self._resolved = (self._snapshot, fields.Resolution(
+                self.schema, fields.name_mapping(self.schema, self._snapshot.properties)))
+        return found[1]
 
     def _deleted_rows(self, entry: dict, snapshot: Optional[Snapshot] = None) -> np.ndarray:
         paths = tuple((snapshot or self._snapshot).deletes.get(entry["id"], ()))

@@ -40,6 +40,7 @@ table does not expire.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import time
 from typing import Any, Dict, Optional, Sequence, Union
@@ -93,7 +94,9 @@ class _Settings:
 
 def _changes_of(table: pa.Table, settings: _Settings):
     """``Change`` s of change rows (``feed.read_unit``'s output), in their order."""
-    rows = table.select(settings.row_columns).to_pylist()
+    # (A tailing read's rows carry each version's schema: a column renamed or
+    # dropped since the read was built is not there.)
+    rows = table.select([c for c in settings.row_columns if c in table.column_names]).to_pylist()
     if settings.primary_key:
         parts = [table.column(c).to_pylist() for c in settings.primary_key]
         keys = parts[0] if len(parts) == 1 else list(zip(*parts))
@@ -227,7 +230,10 @@ class _TailChanges(beam.DoFn):
         if before is None or before.version != after.version - 1:
             before = feed.load(self._table, after.version - 1)
         for unit in feed.version_units(before, after, self._s.filter is not None):
-            rows = feed.read_unit(self._table, unit, before.schema, self._s.columns,
+            # Each version's rows carry its own schema (columns renamed or
+            # dropped since the read was built are left out).
+            rows = feed.read_unit(self._table, unit, after.schema,
+                                  [c for c in self._s.columns if c in after.schema.names],
                                   self._s.filter)
             self._count.inc(rows.num_rows)
             for change in _changes_of(rows, self._s):
@@ -377,6 +383,10 @@ class ReadChangesFromSupertable(beam.PTransform):
         # A vacuumed start is refused here; a reader with nothing left checks its
         # columns and filter against the latest version.
         start = feed.load(table, latest if behind else start_version)
+        if isinstance(end_version, int) and not isinstance(end_version, bool) \
+                and start_version <= end_version <= latest and not behind:
+            # A bounded read's rows carry the schema of its range's end.
+            start = dataclasses.replace(start, schema=feed.load(table, end_version).schema)
         if isinstance(columns, str):
             columns = [columns]
         names = feed.change_columns(start, columns)

@@ -52,6 +52,7 @@ class _Settings(NamedTuple):
     fts_columns: Tuple[str, ...]
     job_id: Optional[str]
     n_cells: Optional[int] = None   # the vector grid of a table created here
+    schema_mode: str = "strict"     # "merge": columns the table lacks are added
 
 
 def _open_or_create(s: _Settings) -> Supertable:
@@ -79,7 +80,7 @@ def _open_or_create(s: _Settings) -> Supertable:
         raise SchemaMismatchError(
             f"{where}: primary_key={s.primary_key!r}, but the table's key is "
             f"{table.primary_key!r}")
-    if s.schema is not None:
+    if s.schema is not None and s.schema_mode != "merge":
         given = [(f.name, f.type) for f in s.schema]
         held = [(f.name, f.type) for f in table.user_schema]
         if given != held:

@@ -13,6 +13,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 from beam_supertable.errors import SchemaMismatchError
 from beam_supertable.format.row_reasons import find_problems, value_problem
 from beam_supertable.format.schema import conform
+from beam_supertable.transforms.schema_merge import widen_for
 from beam_supertable.transforms.upsert_table import (
     _UNSETTLED_TAG, INVALID_TAG, VALIDATE_BATCH_ROWS, _key_of, _key_table, _open_or_create,
     _Settings)
@@ -82,6 +83,14 @@ class _Validate(beam.DoFn):
 
     def _flush(self):
         pending, self._pending = self._pending, []
+        if self._s.schema_mode == "merge":
+            # Columns the table lacks are added first (schema_mode="merge").
+            values = [c.value for c in (check_command(e)[0] for e, _, _ in pending)
+                      if c is not None and isinstance(c.value, dict)]
+            widened = widen_for(lambda: _open_or_create(self._s), values,
+                                frozenset(self._schema.names))
+            if widened is not None:
+                self._schema = widened.user_schema
         ok = []   # (element, ts, win, command)
         for element, ts, win in pending:
             command, reason = check_command(element)

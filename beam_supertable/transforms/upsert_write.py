@@ -85,6 +85,7 @@ from beam_supertable.transforms.upsert_table import (  # noqa: F401 - the tunabl
     _Settings,
 )
 from beam_supertable.transforms.upsert_validate import _Settle, _Validate
+from beam_supertable.transforms.schema_merge import check_schema_mode
 from beam_supertable.transforms.write_stages import CommitResult, _ToBatches, build_superfiles
 from beam_supertable.vector.metric import check_metric
 from beam_upsert.model import retention_micros, retention_text
@@ -161,6 +162,11 @@ class UpsertToSupertable(beam.PTransform):
             time (seconds or ``timedelta``), keeping ``vacuum_retain_versions``
             versions and a ``vacuum_older_than`` grace (default 6 hours: it
             protects commits in flight). Off (None) by default.
+        schema_mode: ``"strict"`` (the default): a row with a column the table
+            lacks is invalid. ``"merge"``: the column is added to the table
+            first (one schema commit, see ``Supertable.add_columns``; workers
+            racing to add it agree; another type for it fails the job naming
+            it); a ``schema`` given then need not match the table's.
 
     Note:
         Bounded input lands as ONE commit recording ``frontier`` = the
@@ -189,9 +195,11 @@ class UpsertToSupertable(beam.PTransform):
                  auto_compact: Union[bool, int, None] = None,
                  vacuum_every: Union[float, datetime.timedelta, None] = None,
                  vacuum_retain_versions: int = 10,
-                 vacuum_older_than: Union[float, datetime.timedelta, None] = None) -> None:
+                 vacuum_older_than: Union[float, datetime.timedelta, None] = None,
+                 schema_mode: str = "strict") -> None:
         super().__init__(label)
         where = "UpsertToSupertable"
+        check_schema_mode(where, schema_mode)
         self._maintenance = check_maintenance(where, auto_compact, vacuum_every,
                                               vacuum_retain_versions, vacuum_older_than)
         if not isinstance(uri, str) or not uri:
@@ -237,7 +245,7 @@ class UpsertToSupertable(beam.PTransform):
             if vector_column:
                 vector_dim(schema.field(vector_column))
         self._settings = _Settings(uri, storage_options, schema, names, vector_column, metric,
-                                   tuple(fts_columns), job_id, n_cells)
+                                   tuple(fts_columns), job_id, n_cells, schema_mode)
         self._n_shards = n_shards
         self._flavor = flavor
         self._state_shards = state_shards
@@ -331,7 +339,8 @@ class UpsertToSupertable(beam.PTransform):
                 | "Puts" >> beam.FlatMap(lambda c: [c[2]] if c[0] == PUT else [])
                 | "BatchRows" >> beam.BatchElements(min_batch_size=1,
                                                     max_batch_size=ARROW_BATCH_ROWS)
-                | "RowsToArrow" >> beam.ParDo(_ToBatches(ref, on_invalid="fail")))
+                | "RowsToArrow" >> beam.ParDo(_ToBatches(ref, on_invalid="fail",
+                                                             schema_mode=s.schema_mode)))
         # The rows are canonical already: conforming them cannot fail.
         _, built = build_superfiles(rows, ref, self._n_shards, GRID_SAMPLE_ROWS, pin)
         keys = (changes

@@ -42,6 +42,7 @@ from apache_beam.transforms.display import DisplayDataItem
 from beam_supertable._moved import old_names
 from beam_supertable.errors import NotATableError
 from beam_supertable.table.supertable import Supertable
+from beam_supertable.transforms.schema_merge import check_schema_mode
 from beam_supertable.transforms.maintenance_stage import _Maintain, check_maintenance
 from beam_supertable.transforms import write_checks as _checks
 from beam_supertable.transforms import write_stages as _stages
@@ -91,6 +92,10 @@ class WriteToSupertable(beam.PTransform):
             commits its panes afresh (its pane indices start at 0 again); the
             ``job_id`` only labels the commits.
         batch_rows: rows per Arrow batch the workers conform and cell.
+        schema_mode: ``"strict"`` (the default): a row with a column the table
+            lacks is invalid. ``"merge"``: the column is added to the table
+            (one schema commit, see ``Supertable.add_columns``; workers racing
+            to add it agree; another type for it fails the job naming it).
         grid_sample_rows: bounded input: vectors sampled to train the first grid.
         on_stage: a hook called on the worker after each stage's side effects:
             ``("build", shard)`` once a superfile is uploaded, ``("commit",
@@ -139,8 +144,10 @@ class WriteToSupertable(beam.PTransform):
                  auto_compact: Union[bool, int, None] = None,
                  vacuum_every: Union[float, datetime.timedelta, None] = None,
                  vacuum_retain_versions: int = 10,
-                 vacuum_older_than: Union[float, datetime.timedelta, None] = None) -> None:
+                 vacuum_older_than: Union[float, datetime.timedelta, None] = None,
+                 schema_mode: str = "strict") -> None:
         super().__init__(label)
+        self._schema_mode = check_schema_mode("WriteToSupertable", schema_mode)
         self._maintenance = check_maintenance("WriteToSupertable", auto_compact, vacuum_every,
                                               vacuum_retain_versions, vacuum_older_than)
         _check_arguments(uri=uri, schema=schema, vector_column=vector_column, metric=metric,
@@ -168,7 +175,8 @@ class WriteToSupertable(beam.PTransform):
         except NotATableError:
             table = None
         if table is not None:
-            _check_existing(table, schema, {
+            # (In merge mode the table may have gained columns since the schema was written.)
+            _check_existing(table, None if self._schema_mode == "merge" else schema, {
                 "vector_column": vector_column, "metric": metric, "fts_columns": fts,
                 "n_cells": n_cells, "replica_factor": replica_factor})
             self._table = _TableRef(uri, storage_options, on_stage=on_stage)
@@ -183,6 +191,7 @@ class WriteToSupertable(beam.PTransform):
                   "replica_factor": 0.0 if replica_factor is None else replica_factor}
         _, properties = Supertable.describe_create(uri, **create)   # validates, writes nothing
         self._table = _TableRef(uri, storage_options, create, on_stage=on_stage)
+        self._table.merge = self._schema_mode == "merge"
         self._vector = properties.get("vector")
 
     def expand(self, rows):
@@ -200,7 +209,8 @@ class WriteToSupertable(beam.PTransform):
         batches = (rows
                    | "Batch" >> beam.BatchElements(min_batch_size=1,
                                                    max_batch_size=self._batch_rows)
-                   | "Conform" >> beam.ParDo(_ToBatches(self._table, self._on_invalid))
+                   | "Conform" >> beam.ParDo(_ToBatches(self._table, self._on_invalid,
+                                                         self._schema_mode))
                    .with_outputs(INVALID_TAG, main="batches"))
         if bounded:
             plan, built = build_superfiles(batches.batches, self._table, self._n_shards,

@@ -18,10 +18,11 @@ from apache_beam import pvalue
 from apache_beam.metrics import Metrics
 from apache_beam.utils.windowed_value import WindowedValue
 
-from beam_supertable.errors import SchemaMismatchError
+from beam_supertable.errors import NotATableError, SchemaMismatchError
 from beam_supertable.format.manifest import Manifest
 from beam_supertable.format.row_reasons import find_problems, got, id_column, row_label
 from beam_supertable.format.schema import conform
+from beam_supertable.transforms.schema_merge import concat_conformed, widen_for
 from beam_supertable.vector.metric import vectors_of
 from beam_supertable.format.writer import assign_cells, build_and_upload, shard_count
 from beam_supertable.table.mutation import Mutation
@@ -106,12 +107,23 @@ class _TableRef:
         """The latest version (created first when missing and ``create`` is set)."""
         if self.create is None:
             table = Supertable.open(self.uri, storage_options=self.storage_options)
+        elif getattr(self, "merge", False) and self._exists():
+            # schema_mode="merge": columns the rows brought may have been added
+            # since it was created here; its schema is no longer the one given.
+            table = Supertable.open(self.uri, storage_options=self.storage_options)
         else:
             table = Supertable.create(self.uri, storage_options=self.storage_options,
                                       mode="exist_ok", **self.create)
         if not self.keyed:
             _refuse_keyed(table)
         return table
+
+    def _exists(self) -> bool:
+        try:
+            Supertable.open(self.uri, storage_options=self.storage_options)
+            return True
+        except NotATableError:
+            return False
 
     def at(self, version: int) -> Supertable:
         """The table as of ``version`` (a run's pinned version), one handle per worker."""
@@ -134,19 +146,28 @@ class _ToBatches(beam.DoFn):
     table expects and what the row holds.
     """
 
-    def __init__(self, table: _TableRef, on_invalid: str) -> None:
+    def __init__(self, table: _TableRef, on_invalid: str, schema_mode: str = "strict") -> None:
         self._table, self._uri, self._on_invalid = table, table.uri, on_invalid
+        self._merge = schema_mode == "merge"
 
     def setup(self):
-        table = self._table.open()
+        self._follow(self._table.open())
+        self._invalid = Metrics.counter(NAMESPACE, "invalid_rows")
+
+    def _follow(self, table: Supertable) -> None:
         self._schema = table.user_schema
         self._names = frozenset(self._schema.names)
         self._id = id_column(self._schema)
         vp = table.properties.get("vector")
         self._vector = vp["column"] if vp else None
-        self._invalid = Metrics.counter(NAMESPACE, "invalid_rows")
 
     def process(self, elements):
+        if self._merge:
+            # schema_mode="merge": columns the table lacks are added first.
+            elements = list(elements)
+            widened = widen_for(self._table.open, elements, self._names)
+            if widened is not None:
+                self._follow(widened)
         rows, where = [], []   # the rows to conform, and each one's position
         for i, element in enumerate(elements):
             if isinstance(element, (pa.RecordBatch, pa.Table)):
@@ -404,7 +425,9 @@ class _BuildSuperfile(beam.DoFn):
         return self._pool.submit(self._build, shard, parts)
 
     def _build(self, shard, parts):
-        rows = pa.concat_tables([p[0] for p in parts])
+        vp = self._handle.properties.get("vector")
+        rows = concat_conformed([p[0] for p in parts], self._table.open,
+                                vp["column"] if vp else None)
         layout = self._handle.layout()
         grids = {p[3]["sha256"] if p[3] else None for p in parts}
         if layout.vector is None:
