@@ -141,3 +141,35 @@ def test_a_corrupt_parquet_command_file_is_an_error_naming_it(tmp_path):
     with pytest.raises(ValueError, match=re.escape(str(bad))):
         upsert_to_supertable.run(["--commands", str(bad), "--table", str(table)])
     assert not table.exists()
+
+
+@pytest.mark.flink
+def test_upsert_with_schema_mode_merge_on_flink_equals_direct_runner(flink_jar, tmp_path):
+    """``--schema-mode merge`` on Flink: a command bringing a new column adds it
+    (one schema commit) and lands its value; the rows equal the DirectRunner's."""
+    def write(name, commands):
+        path = tmp_path / name
+        path.write_text("".join(json.dumps(c) + "\n" for c in commands))
+        return str(path)
+
+    first = write("a.jsonl", [{"key": f"s{i}", "offset": i, "time": 100 + i,
+                               "value": {"id": f"s{i}", "reading": i}} for i in range(4)])
+    second = write("b.jsonl", [{"key": "s1", "offset": 10, "time": 200,
+                                "value": {"id": "s1", "reading": 10, "unit": "C"}},
+                               {"key": "s9", "offset": 11, "time": 201,
+                                "value": {"id": "s9", "reading": 9, "unit": "F"}}])
+    tables = {}
+    for runner, extra in (("direct", []),
+                          ("flink", ["--runner=FlinkRunner", "--flink_master=[local]",
+                                     "--parallelism=2", f"--flink_job_server_jar={flink_jar}"])):
+        table = str(tmp_path / runner / "sensors")
+        upsert_to_supertable.run(["--commands", first, "--table", table, "--primary-key", "id"]
+                                 + extra)
+        upsert_to_supertable.run(["--commands", second, "--table", table,
+                                  "--schema-mode", "merge"] + extra)
+        t = Supertable.open(table)
+        assert t.schema.names[-1] == "unit", runner
+        tables[runner] = t.to_arrow(columns=["id", "reading", "unit"]).sort_by("id").to_pylist()
+    assert tables["flink"] == tables["direct"]
+    assert {r["id"]: r["unit"] for r in tables["flink"]} == {
+        "s0": None, "s1": "C", "s2": None, "s3": None, "s9": "F"}
