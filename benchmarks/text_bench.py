@@ -2,6 +2,11 @@
 
     python -m benchmarks.text_bench                 # 1,000 queries, 3 timed rounds
     python -m benchmarks.text_bench --queries 300 --rounds 1   # for iterating
+    python -m benchmarks.text_bench --corpus fortunes --queries 300   # the fortune cookies
+
+Corpora: ``docstrings`` (the default) or ``fortunes``, the fortune-cookie files of the
+``fortunes`` and ``fortunes-min`` packages (``--fortunes-dir``, /usr/share/games/fortunes;
+each cookie of at least 40 characters, once).
 
 Corpus: the docstring paragraphs (>= 40 characters) of the installed standard
 library, read with ``ast`` (no module imported; ``search_bench.stdlib_paragraphs``).
@@ -14,7 +19,9 @@ reciprocal rank of that paragraph in the top 10 (0 when absent), with success@1 
 Systems, all on the same paragraphs and queries, in the same run:
 
 - supertable: one table, text column indexed, English analysis (its default:
-  Snowball stemming, English stop words) and, for comparison, the plain tokenizer;
+  Snowball stemming, Lucene's 33 English stop words) and, for comparison, the plain
+  tokenizer; for quality only, stemming without stop words and the previous default
+  (stemming and Snowball's English stop words);
   a warm handle, ``search(text=q, k=10)`` returning ``_id`` and ``_score`` only, and
   with the paragraph-number column;
 - tantivy (Python package): the ``en_stem`` tokenizer (its English analyzer: simple
@@ -68,6 +75,24 @@ def known_item_queries(docs, n, seed=0):
         if len(out) == n:
             break
     return out
+
+
+def fortunes(folder):
+    """The fortune cookies of ``folder`` (at least 40 characters each, each once)."""
+    seen = {}
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if "." in name or os.path.islink(path) or not os.path.isfile(path):
+            continue
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for cookie in f.read().split("\n%\n"):
+                cookie = cookie.strip().strip("%").strip()
+                if len(cookie) >= 40:
+                    seen.setdefault(cookie, None)
+    if not seen:
+        raise SystemExit(f"--fortunes-dir {folder}: no fortune files there "
+                         "(apt-get install fortunes, or apt-get download it and unpack it)")
+    return list(seen)
 
 
 def ours(docs, analysis):
@@ -136,6 +161,12 @@ def bm25s_side(docs):
     return {"keyed": keyed, "built": built}
 
 
+def _quality_only(side):
+    """A side answered for MRR, not timed."""
+    return {"quality": side["keyed"], "built": side["built"], "cleanup": side["cleanup"],
+            "superfiles": side["superfiles"]}
+
+
 def reciprocal_ranks(found, want):
     return [1.0 / (hits.index(w) + 1) if w in hits else 0.0 for hits, w in zip(found, want)]
 
@@ -144,8 +175,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3, help="timed passes over the queries")
+    parser.add_argument("--corpus", choices=("docstrings", "fortunes"), default="docstrings")
+    parser.add_argument("--fortunes-dir", default="/usr/share/games/fortunes")
     args = parser.parse_args(argv)
-    docs = stdlib_paragraphs()
+    docs = stdlib_paragraphs() if args.corpus == "docstrings" else fortunes(args.fortunes_dir)
     queries = known_item_queries(docs, args.queries)
     want = [i for _, i in queries]
     with warnings.catch_warnings():
@@ -153,10 +186,15 @@ def main(argv=None):
         systems = {
             "supertable, English analysis": ours(docs, "english"),
             "supertable, plain tokenizer": ours(docs, None),
+            "supertable, stemming, no stop words": _quality_only(
+                ours(docs, {"stop_words": False})),
+            "supertable, stemming, Snowball stop words (previous default)": _quality_only(
+                ours(docs, {"stop_words": True})),
             "tantivy en_stem": tantivy_side(docs),
             "bm25s (en stop words, Snowball English)": bm25s_side(docs),
         }
-    print(f"corpus: {len(docs):,} stdlib docstring paragraphs; {len(queries)} known-item queries "
+    what = "stdlib docstring paragraphs" if args.corpus == "docstrings" else "fortune cookies"
+    print(f"corpus: {len(docs):,} {what}; {len(queries)} known-item queries "
           f"of {QUERY_WORDS} words, k={K}")
     for name, s in systems.items():
         extra = f", {s['superfiles']} superfile(s)" if "superfiles" in s else \
@@ -165,7 +203,8 @@ def main(argv=None):
     # Quality, then latency: every call of a query on every system before the next query.
     quality = {}
     for name, s in systems.items():
-        rr = reciprocal_ranks([s["keyed"](q) for q, _ in queries], want)
+        answer = s.get("keyed", s.get("quality"))
+        rr = reciprocal_ranks([answer(q) for q, _ in queries], want)
         quality[name] = (np.mean(rr), np.mean([r == 1.0 for r in rr]),
                          np.mean([r > 0 for r in rr]))
     calls = [(name, kind, s[kind]) for name, s in systems.items()

@@ -127,6 +127,9 @@ class TextIndex:
         s = int(self.start[i])
         return s, s + int(self.df[i])
 
+    def __contains__(self, term: str) -> bool:
+        return term in self._lookup
+
     def doc_freq(self, term: str) -> int:
         i = self._lookup.get(term)
         return 0 if i is None else int(self.df[i])
