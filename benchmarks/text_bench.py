@@ -11,7 +11,8 @@ each cookie of at least 40 characters, once).
 Corpus: the docstring paragraphs (>= 40 characters) of the installed standard
 library, read with ``ast`` (no module imported; ``search_bench.stdlib_paragraphs``).
 Queries: paragraphs drawn with a fixed seed; from each, three distinct content words
-(letters only, at least four of them, not English stop words) drawn as written, and
+(letters only, at least four of them, not among Lucene's 33 English stop words, or
+Snowball's 125 with ``--drawn-without snowball``) drawn as written, and
 the paragraph is the one known item the query must find. Quality is the mean
 reciprocal rank of that paragraph in the top 10 (0 when absent), with success@1 and
 @10.
@@ -53,7 +54,7 @@ import numpy as np
 import pyarrow as pa
 
 from beam_supertable import Supertable
-from beam_supertable.fts.analysis import ENGLISH_STOP_WORDS
+from beam_supertable.fts.analysis import LUCENE_STOP_WORDS, SNOWBALL_STOP_WORDS
 from beam_supertable.fts.tokenize import tokenize
 from benchmarks.search_bench import stdlib_paragraphs
 
@@ -62,13 +63,14 @@ QUERY_WORDS = 3
 MIN_WORD = 4
 
 
-def known_item_queries(docs, n, seed=0):
-    """(query, paragraph) pairs: three content words drawn from one paragraph."""
+def known_item_queries(docs, n, seed=0, stop_words=LUCENE_STOP_WORDS):
+    """(query, paragraph) pairs: three content words (not ``stop_words``) drawn from
+    one paragraph."""
     rng = np.random.default_rng(seed)
     out = []
     for i in rng.permutation(len(docs)):
         words = sorted({w for w in tokenize(docs[i])
-                        if w.isalpha() and len(w) >= MIN_WORD and w not in ENGLISH_STOP_WORDS})
+                        if w.isalpha() and len(w) >= MIN_WORD and w not in stop_words})
         if len(words) < QUERY_WORDS:
             continue
         out.append((" ".join(rng.choice(words, QUERY_WORDS, replace=False)), int(i)))
@@ -177,9 +179,12 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=3, help="timed passes over the queries")
     parser.add_argument("--corpus", choices=("docstrings", "fortunes"), default="docstrings")
     parser.add_argument("--fortunes-dir", default="/usr/share/games/fortunes")
+    parser.add_argument("--drawn-without", choices=("lucene", "snowball"), default="lucene",
+                        help="the stop words a query's words are not drawn from")
     args = parser.parse_args(argv)
     docs = stdlib_paragraphs() if args.corpus == "docstrings" else fortunes(args.fortunes_dir)
-    queries = known_item_queries(docs, args.queries)
+    queries = known_item_queries(docs, args.queries, stop_words=LUCENE_STOP_WORDS
+                                 if args.drawn_without == "lucene" else SNOWBALL_STOP_WORDS)
     want = [i for _, i in queries]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

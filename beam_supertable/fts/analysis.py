@@ -1,5 +1,9 @@
 """Text analysis: the tokenizer, then stop words, then a Snowball stemmer.
 
+English analysis drops Lucene's 33 English stop words (``stop_words: "lucene"``);
+tables created when it dropped Snowball's 125 record ``stop_words: True`` and keep
+them.
+
 A table's analysis is a table property (``fts.analysis``) fixed at create, and
 one :class:`Analyzer` built from it serves indexing, queries and phrase checks,
 so a word is always reduced to the same term on both sides. A table whose
@@ -52,8 +56,13 @@ there these they this to was will with
 # ``stop_words`` of an analysis: False, or the list it names (True: Snowball's).
 STOP_LISTS = {"snowball": SNOWBALL_STOP_WORDS, "lucene": LUCENE_STOP_WORDS}
 
-# What ``text_analysis=`` names, as the recorded property.
-ENGLISH = {"language": "english", "stemming": True, "stop_words": True}
+# What ``text_analysis=`` names, as the recorded property. English: Snowball stemming
+# and Lucene's 33 stop words, chosen by measurement on ``benchmarks.text_bench``'s two
+# corpora (Snowball's 125 words lost queries holding "about", "would", "through" ...;
+# no stop words at all ranked a little lower than the 33).
+ENGLISH = {"language": "english", "stemming": True, "stop_words": "lucene"}
+# English as recorded by tables created before the shorter list: they keep it.
+ENGLISH_BEFORE = {"language": "english", "stemming": True, "stop_words": True}
 PLAIN = {"language": "english", "stemming": False, "stop_words": False}
 
 AnalysisArg = Union[None, bool, str, Mapping[str, Any]]
@@ -69,9 +78,11 @@ DEFAULT: Mapping[str, Any] = _Default(ENGLISH)
 def normalize(value: AnalysisArg, where: str = "text_analysis") -> Dict[str, Any]:
     """The property recorded for ``create(text_analysis=value)``.
 
-    ``"english"`` and ``True`` are English analysis (stemming and stop words);
-    ``None``, ``False`` and ``"none"`` the plain tokenizer; a dict sets
-    ``language``, ``stemming`` and ``stop_words`` (the switches default on).
+    ``"english"`` and ``True`` are English analysis (Snowball stemming, Lucene's 33
+    English stop words); ``None``, ``False`` and ``"none"`` the plain tokenizer; a
+    dict sets ``language``, ``stemming`` (a bool) and ``stop_words``: ``"lucene"``
+    (the default), ``"snowball"`` (Snowball's 125 English stop words; ``True`` too,
+    as tables created before the shorter list record it) or ``False``.
     """
     if value is True or value == "english":
         return dict(ENGLISH)
@@ -247,6 +258,8 @@ def held_if_not_given(props: Dict[str, Any], held: Mapping[str, Any],
     # the given ``stop_words`` casefolded: they still open it, as it is.
     if theirs.get("stop_words") == sorted({w.casefold() for w in stop_words}):
         fts["stop_words"] = theirs["stop_words"]
+    if mine.get("analysis") == ENGLISH and theirs.get("analysis") == ENGLISH_BEFORE:
+        given = False   # "english" opens a table created when it named the longer list
     if not given or ("analysis" not in theirs and mine.get("analysis") == PLAIN):
         fts.pop("analysis", None)
         if "analysis" in theirs:
