@@ -1,7 +1,7 @@
 """BM25 over a superfile's postings and the best ``k`` rows, in one compiled pass.
 
-A query's postings are scored, summed per row and the best rows kept in one
-numba function (compiled on first use, cached on disk, releasing the GIL), in
+A query's postings are merged (each term's are sorted by row), scored, summed
+per row and the best rows kept in one numba function (compiled on first use, cached on disk, releasing the GIL), in
 place of the twenty-odd numpy calls whose fixed costs outweighed the
 arithmetic. Each posting's score is :func:`index.bm25_postings`' expression
 in the same order, and a row's score adds its terms' in query-term order from
@@ -18,98 +18,56 @@ from typing import Tuple
 import numba
 import numpy as np
 
-DENSE_SHARE = 8   # postings above 1/8 of a superfile's rows: sums in an array over every row
-
-
 @numba.njit(nogil=True, cache=True)
-def _score_top(rows, tf, starts, ends, idf, needed, norm, k1, k, dense):  # pragma: no cover
+def _score_top(rows, tf, starts, ends, idf, needed, norm, k1, k):  # pragma: no cover
     n_terms = len(starts)
     n_needed = 0
-    for t in range(n_terms):
-        n_needed += needed[t]
-    least = max(1, n_needed)
     total = 0
     for t in range(n_terms):
+        n_needed += needed[t]
         total += ends[t] - starts[t]
+    least = max(1, n_needed)
     k1p = k1 + 1
-    if dense:
-        n_rows = len(norm)
-        acc = np.zeros(n_rows, np.float64)
-        hits = np.zeros(n_rows, np.int32)
-        for t in range(n_terms):
-            w = idf[t]
-            count = needed[t] == 1 or n_needed == 0
-            for p in range(starts[t], ends[t]):
-                r = rows[p]
-                f = np.float64(tf[p])
-                acc[r] += w * f * k1p / (f + norm[r])
-                if count:
-                    hits[r] += 1
-        cand_rows = np.empty(total, np.int64)
-        cand_scores = np.empty(total, np.float64)
-        m = 0
-        for t in range(n_terms):
-            for p in range(starts[t], ends[t]):
-                r = rows[p]
-                if hits[r] >= least:
-                    hits[r] = -1   # (taken once)
-                    cand_rows[m] = r
-                    cand_scores[m] = acc[r]
-                    m += 1
-        order = np.argsort(cand_rows[:m])
-        cand_rows = cand_rows[:m][order]
-        cand_scores = cand_scores[:m][order]
-    else:
-        flat_rows = np.empty(total, np.int64)
-        each = np.empty(total, np.float64)
-        mark = np.empty(total, np.int32)
-        q = 0
-        for t in range(n_terms):
-            w = idf[t]
-            for p in range(starts[t], ends[t]):
-                r = rows[p]
-                f = np.float64(tf[p])
-                flat_rows[q] = r
-                each[q] = w * f * k1p / (f + norm[r])
-                mark[q] = 1 if (needed[t] == 1 or n_needed == 0) else 0
-                q += 1
-        # Stable: a row's postings stay in query-term order, and are summed so.
-        order = np.argsort(flat_rows, kind="mergesort")
-        cand_rows = np.empty(total, np.int64)
-        cand_scores = np.empty(total, np.float64)
-        m = 0
-        i = 0
-        while i < total:
-            r = flat_rows[order[i]]
-            s = 0.0
-            h = 0
-            while i < total and flat_rows[order[i]] == r:
-                s += each[order[i]]
-                h += mark[order[i]]
-                i += 1
-            if h >= least:
-                cand_rows[m] = r
-                cand_scores[m] = s
-                m += 1
-        cand_rows = cand_rows[:m]
-        cand_scores = cand_scores[:m]
-    if k < 0 or m <= k:
-        if k < 0:
-            return cand_rows, cand_scores
-        kk = m
-    else:
-        kk = k
-    # The best kk by (score descending, row ascending): rows come ascending, so
-    # a later row enters only on a higher score.
-    best_rows = np.empty(kk, np.int64)
-    best_scores = np.empty(kk, np.float64)
+    keep_all = k < 0
+    cap = total if keep_all else max(k, 0)
+    best_rows = np.empty(cap, np.int64)
+    best_scores = np.empty(cap, np.float64)
     n = 0
-    for i in range(m):
-        s = cand_scores[i]
-        if n == kk:
-            if not s > best_scores[kk - 1]:
+    # Each term's postings are sorted by row: merged, the rows come ascending and a
+    # row's scores are summed in query-term order, without an array over every row.
+    at = starts.copy()
+    while True:
+        r = -1
+        for t in range(n_terms):
+            if at[t] < ends[t]:
+                x = rows[at[t]]
+                if r < 0 or x < r:
+                    r = x
+        if r < 0:
+            break
+        s = 0.0
+        h = 0
+        for t in range(n_terms):
+            p = at[t]
+            if p < ends[t] and rows[p] == r:
+                f = np.float64(tf[p])
+                s += idf[t] * f * k1p / (f + norm[r])
+                if needed[t] == 1 or n_needed == 0:
+                    h += 1
+                at[t] = p + 1
+        if h < least or cap == 0:
+            continue
+        if keep_all:
+            best_rows[n] = r
+            best_scores[n] = s
+            n += 1
+            continue
+        # The best k by (score descending, row ascending): rows come ascending, so
+        # a later row enters only on a higher score.
+        if n == cap:
+            if not s > best_scores[cap - 1]:
                 continue
-            j = kk - 1
+            j = cap - 1
         else:
             j = n
             n += 1
@@ -118,8 +76,8 @@ def _score_top(rows, tf, starts, ends, idf, needed, norm, k1, k, dense):  # prag
             best_rows[j] = best_rows[j - 1]
             j -= 1
         best_scores[j] = s
-        best_rows[j] = cand_rows[i]
-    return best_rows, best_scores
+        best_rows[j] = r
+    return best_rows[:n], best_scores[:n]
 
 
 def score_top(rows: np.ndarray, tf: np.ndarray, starts: np.ndarray, ends: np.ndarray,
@@ -133,10 +91,8 @@ def score_top(rows: np.ndarray, tf: np.ndarray, starts: np.ndarray, ends: np.nda
     Returns the best ``k`` (rows, scores), best first, ties by row; with ``k < 0``,
     every counted row, ascending, and its score.
     """
-    starts = np.ascontiguousarray(starts, dtype=np.int64)
-    ends = np.ascontiguousarray(ends, dtype=np.int64)
-    total = int((ends - starts).sum()) if len(starts) else 0
-    dense = total * DENSE_SHARE > len(norm)
-    return _score_top(rows, tf, starts, ends, np.ascontiguousarray(idf, dtype=np.float64),
+    return _score_top(rows, tf, np.ascontiguousarray(starts, dtype=np.int64),
+                      np.ascontiguousarray(ends, dtype=np.int64),
+                      np.ascontiguousarray(idf, dtype=np.float64),
                       np.ascontiguousarray(needed, dtype=np.int8),
-                      np.ascontiguousarray(norm, dtype=np.float64), float(k1), int(k), dense)
+                      np.ascontiguousarray(norm, dtype=np.float64), float(k1), int(k))

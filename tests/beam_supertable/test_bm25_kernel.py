@@ -58,15 +58,10 @@ def test_the_compiled_pass_scores_and_ranks_as_the_numpy_reference(q):
     starts = ends - [len(r) for r, _ in postings]
     idf = np.array([bm25_idf(df, n_rows) for df in dfs])
     norm = 1.2 * (1 - 0.75 + 0.75 * lengths / avg)
-    for share in (10 ** 9, 0):   # the sum in an array over every row, then the sparse one
-        kernels.DENSE_SHARE, held = share, kernels.DENSE_SHARE
-        try:
-            got_rows, got_scores = kernels.score_top(rows, tf, starts, ends, idf,
-                                                     np.array(needed), norm, k)
-        finally:
-            kernels.DENSE_SHARE = held
-        assert got_rows.tolist() == want_rows.tolist()
-        np.testing.assert_allclose(got_scores, want_scores, rtol=1e-12, atol=0)
+    got_rows, got_scores = kernels.score_top(rows, tf, starts, ends, idf, np.array(needed),
+                                             norm, k)
+    assert got_rows.tolist() == want_rows.tolist()
+    np.testing.assert_allclose(got_scores, want_scores, rtol=1e-12, atol=0)
 
 
 def test_no_row_holding_every_needed_term_gives_nothing():
