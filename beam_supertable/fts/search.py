@@ -7,7 +7,6 @@ from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tupl
 import numpy as np
 
 from beam_supertable.fts import index as fts_index
-from beam_supertable.fts import kernels
 from beam_supertable.fts.analysis import as_analyzer
 from beam_supertable.fts.tokenize import contains_phrase
 
@@ -140,6 +139,8 @@ def _superfile_top(ix, terms: Sequence[str], must, df: Dict[str, int], n_docs: i
     row is ranked by score and checked a growing batch at a time, so only about
     ``k`` rows are kept and only the best are read.
     """
+    # numba is imported by the first text search, not by every process importing the package.
+    from beam_supertable.fts import kernels
     spans = [(t, ix.span(t)) for t in terms if t in ix]
     if not spans or any(t not in ix for t in must):
         return []
