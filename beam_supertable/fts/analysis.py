@@ -141,6 +141,9 @@ class Analyzer:
 
     def parse_query(self, query: str) -> Tuple[List[str], List[str], List[List[str]]]:
         """(terms, required terms, phrases), as :func:`tokenize.parse_query`, analyzed."""
+        if '"' not in query and "+" not in query:
+            # Words only: the query's words are its terms, analyzed in one call.
+            return tok._dedupe(self.tokenize(query)), [], []
         return tok.parse_query_with(query, self.tokenize)
 
 

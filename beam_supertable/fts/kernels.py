@@ -80,6 +80,24 @@ def _score_top(rows, tf, starts, ends, idf, needed, norm, k1, k):  # pragma: no 
     return best_rows[:n], best_scores[:n]
 
 
+@numba.njit(nogil=True, cache=True)
+def _terms_top(rows, tf, term_start, term_df, ids, idf, needed, norm, k1, k):  # pragma: no cover
+    starts = np.empty(len(ids), np.int64)
+    ends = np.empty(len(ids), np.int64)
+    for t in range(len(ids)):
+        starts[t] = term_start[ids[t]]
+        ends[t] = starts[t] + term_df[ids[t]]
+    return _score_top(rows, tf, starts, ends, idf, needed, norm, k1, k)
+
+
+def index_top(ix, ids: np.ndarray, idf: np.ndarray, needed: np.ndarray, norm: np.ndarray,
+              k: int, k1: float = 1.2) -> Tuple[np.ndarray, np.ndarray]:
+    """:func:`score_top` of the terms ``ids`` (int64, their places in a
+    :class:`~beam_supertable.fts.index.TextIndex`'s term list), each with its
+    ``idf`` (float64), ``needed`` as int8."""
+    return _terms_top(ix.rows, ix.tf, ix.start, ix.df, ids, idf, needed, norm, k1, k)
+
+
 def score_top(rows: np.ndarray, tf: np.ndarray, starts: np.ndarray, ends: np.ndarray,
               idf: np.ndarray, needed: np.ndarray, norm: np.ndarray, k: int,
               k1: float = 1.2) -> Tuple[np.ndarray, np.ndarray]:

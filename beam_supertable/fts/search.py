@@ -141,15 +141,15 @@ def _superfile_top(ix, terms: Sequence[str], must, df: Dict[str, int], n_docs: i
     """
     # numba is imported by the first text search, not by every process importing the package.
     from beam_supertable.fts import kernels
-    spans = [(t, ix.span(t)) for t in terms if t in ix]
-    if not spans or any(t not in ix for t in must):
+    lookup = ix._lookup
+    present = [t for t in terms if t in lookup]
+    if not present or any(t not in lookup for t in must):
         return []
-    starts = np.array([s for _, (s, _) in spans], dtype=np.int64)
-    ends = np.array([e for _, (_, e) in spans], dtype=np.int64)
-    idf = np.array([fts_index.bm25_idf(df[t], n_docs) for t, _ in spans], dtype=np.float64)
-    needed = np.array([t in must for t, _ in spans], dtype=np.int8)
-    rows, scores = kernels.score_top(ix.rows, ix.tf, starts, ends, idf, needed,
-                                     ix.length_norm(avg), k if check is None else -1)
+    rows, scores = kernels.index_top(
+        ix, np.array([lookup[t] for t in present], dtype=np.int64),
+        np.array([fts_index.bm25_idf(df[t], n_docs) for t in present], dtype=np.float64),
+        np.array([t in must for t in present], dtype=np.int8), ix.length_norm(avg),
+        k if check is None else -1)
     if check is None:
         return list(zip(scores.tolist(), rows.tolist()))
     at = np.lexsort((rows, -scores))

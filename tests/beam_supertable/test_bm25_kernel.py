@@ -1,5 +1,7 @@
 """The compiled BM25 pass against a plain numpy reference: same scores, same best rows."""
 
+from types import SimpleNamespace
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -62,6 +64,17 @@ def test_the_compiled_pass_scores_and_ranks_as_the_numpy_reference(q):
                                              norm, k)
     assert got_rows.tolist() == want_rows.tolist()
     np.testing.assert_allclose(got_scores, want_scores, rtol=1e-12, atol=0)
+    # As search calls it: the terms by their places in an index's term list (here
+    # reversed, with one more term the query does not hold).
+    ix = SimpleNamespace(rows=np.concatenate([rows, [0]]).astype(np.int32),
+                         tf=np.concatenate([tf, [1]]).astype(np.int32),
+                         start=np.concatenate([starts, [len(rows)]]).astype(np.int64),
+                         df=np.array(dfs + [1], dtype=np.int32))
+    ids = np.arange(len(dfs))
+    got_rows, got_scores = kernels.index_top(ix, ids, idf, np.array(needed, dtype=np.int8),
+                                             norm, k)
+    assert got_rows.tolist() == want_rows.tolist()
+    np.testing.assert_array_equal(got_scores, want_scores)
 
 
 def test_no_row_holding_every_needed_term_gives_nothing():

@@ -19,7 +19,7 @@ from beam_supertable.format.store import ObjectStore
 from beam_supertable.fts.analysis import (ENGLISH_BEFORE, LUCENE_STOP_WORDS, SNOWBALL_STOP_WORDS,
                                           Analyzer, analyzer_of, normalize)
 from beam_supertable.fts.index import TextIndex
-from beam_supertable.fts.tokenize import contains_phrase, parse_query, tokenize
+from beam_supertable.fts.tokenize import contains_phrase, parse_query, parse_query_with, tokenize
 from beam_supertable.rag import chunk_schema, migrate_chunk_table
 
 SCHEMA = pa.schema([("n", pa.int64()), ("body", pa.string())])
@@ -105,6 +105,16 @@ def test_a_column_is_analyzed_as_each_of_its_texts_is(texts, stemming, stop_word
     """The index analyzes a whole column, a query one text: they agree word for word."""
     a = analyzer_of({"analysis": normalize({"stemming": stemming, "stop_words": stop_words})})
     assert a.tokenize_many(texts) == [a.tokenize(t) for t in texts]
+
+
+@settings(max_examples=60, deadline=None)
+@given(query=st.lists(st.sampled_from(WORDS + ["+rise", '"dough rises"', "don't", "a-b"]),
+                      max_size=6).map(" ".join) | st.text(max_size=30),
+       stop_words=st.sampled_from([False, "lucene", "snowball"]))
+def test_a_query_of_words_parses_as_each_word_analyzed(query, stop_words):
+    """A query without ``+`` or quotes is read in one call: as each word read alone."""
+    a = analyzer_of({"analysis": normalize({"stop_words": stop_words})})
+    assert a.parse_query(query) == parse_query_with(query, a.tokenize)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
