@@ -3,6 +3,7 @@
     python -m benchmarks.text_bench                 # 1,000 queries, 3 timed rounds
     python -m benchmarks.text_bench --queries 300 --rounds 1   # for iterating
     python -m benchmarks.text_bench --corpus fortunes --queries 300   # the fortune cookies
+    python -m benchmarks.text_bench --jit-cost      # the kernel's compile on a fresh worker
 
 Corpora: ``docstrings`` (the default) or ``fortunes``, the fortune-cookie files of the
 ``fortunes`` and ``fortunes-min`` packages (``--fortunes-dir``, /usr/share/games/fortunes;
@@ -181,7 +182,11 @@ def main(argv=None):
     parser.add_argument("--fortunes-dir", default="/usr/share/games/fortunes")
     parser.add_argument("--drawn-without", choices=("lucene", "snowball"), default="lucene",
                         help="the stop words a query's words are not drawn from")
+    parser.add_argument("--jit-cost", action="store_true",
+                        help="only measure the compiled pass's cost to a fresh worker")
     args = parser.parse_args(argv)
+    if args.jit_cost:
+        return jit_cost()
     docs = stdlib_paragraphs() if args.corpus == "docstrings" else fortunes(args.fortunes_dir)
     queries = known_item_queries(docs, args.queries, stop_words=LUCENE_STOP_WORDS
                                  if args.drawn_without == "lucene" else SNOWBALL_STOP_WORDS)
@@ -256,6 +261,34 @@ def main(argv=None):
     for s in systems.values():
         if "cleanup" in s:
             s["cleanup"]()
+
+
+_FIRST_CALL = """
+import time
+t0 = time.perf_counter()
+import numpy as np
+from types import SimpleNamespace
+from beam_supertable.fts import kernels
+ix = SimpleNamespace(rows=np.array([0, 2, 1, 2], np.int32), tf=np.ones(4, np.int32),
+                     start=np.array([0, 2], np.int64), df=np.array([2, 2], np.int32))
+t1 = time.perf_counter()
+kernels.index_top(ix, np.array([0, 1]), np.ones(2), np.zeros(2, np.int8), np.ones(3), 10)
+print(f"{t1 - t0:.2f} {time.perf_counter() - t1:.2f}")
+"""
+
+
+def jit_cost():
+    """The compiled pass's cost to a fresh worker: importing numba and the module, then
+    the first call, with an empty cache folder (it compiles), then again (it loads)."""
+    import subprocess
+    import sys
+    with tempfile.TemporaryDirectory(prefix="numba-cache-") as cache:
+        env = {**os.environ, "NUMBA_CACHE_DIR": cache}
+        for what in ("no cache (compiles)", "cached on disk"):
+            out = subprocess.run([sys.executable, "-c", _FIRST_CALL], env=env, check=True,
+                                 capture_output=True, text=True).stdout.split()
+            print(f"first text search's kernel, {what}: importing the package and numba "
+                  f"{out[0]} s, first call {out[1]} s")
 
 
 def _version(dist):
