@@ -177,7 +177,8 @@ class SuperfileReader:
     def vectors(self, rows: np.ndarray, column: str, metric: str):
         """Loads the fp32 vectors of ``rows`` (by row group, cached); returns a lookup."""
         from beam_supertable.vector.metric import prepare
-        groups = [int(g) for g in self.row_groups_of(rows)]
+        g_of = np.searchsorted(self._rg_starts, rows, side="right") - 1
+        groups = np.unique(g_of).tolist()
         found: Dict[int, np.ndarray] = {}
         missing = []
         for g in groups:
@@ -231,7 +232,8 @@ class SuperfileReader:
         whole = self._cache.get(self.cache_key("ids"))
         if whole is not None:
             return whole[rows]
-        groups = [int(g) for g in self.row_groups_of(rows)]
+        g_of = np.searchsorted(self._rg_starts, rows, side="right") - 1
+        groups = np.unique(g_of).tolist()
         found: Dict[int, np.ndarray] = {}
         missing = []
         for g in groups:
@@ -248,7 +250,9 @@ class SuperfileReader:
                 part = col[at:at + n].copy()
                 found[g] = self._cache.put(self.cache_key("ids", g), part, part.nbytes)
                 at += n
-        g_of = np.searchsorted(self._rg_starts, rows, side="right") - 1
+        if len(groups) == 1:   # (one row group: no masks)
+            g = groups[0]
+            return found[g][rows - self._rg_starts[g]]
         out = np.empty(len(rows), dtype=np.int64)
         for g in groups:
             m = g_of == g
