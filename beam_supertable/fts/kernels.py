@@ -1,14 +1,14 @@
 """BM25 over a superfile's postings and the best ``k`` rows, in one compiled pass.
 
 A query's postings are merged (each term's are sorted by row), scored, summed
-per row and the best rows kept in one numba function (compiled on first use, cached on disk, releasing the GIL), in
-place of the twenty-odd numpy calls whose fixed costs outweighed the
-arithmetic. Each posting's score is :func:`index.bm25_postings`' expression
+per row and the best rows kept in one numba function (compiled on first use,
+cached on disk, releasing the GIL), in place of the twenty-odd numpy calls
+whose fixed costs outweighed the arithmetic. Each posting's score is :func:`index.bm25_postings`' expression
 in the same order, and a row's score adds its terms' in query-term order from
 0, so the scores are bit for bit those of the numpy formulas.
 
-numba caches the compiled code beside this module, or in the user's cache
-folder (``NUMBA_CACHE_DIR`` if set) when the package folder is read-only.
+numba caches the compiled code in ``NUMBA_CACHE_DIR`` when set, else beside this
+module, or in the user's cache folder when the package folder is read-only.
 """
 
 from __future__ import annotations
