@@ -2,11 +2,18 @@
 
     python -m benchmarks.text_bench                 # 1,000 queries, 3 timed rounds
     python -m benchmarks.text_bench --queries 300 --rounds 1   # for iterating
+    python -m benchmarks.text_bench --corpus fortunes --queries 300   # the fortune cookies
+    python -m benchmarks.text_bench --jit-cost      # the kernel's compile on a fresh worker
+
+Corpora: ``docstrings`` (the default) or ``fortunes``, the fortune-cookie files of the
+``fortunes`` and ``fortunes-min`` packages (``--fortunes-dir``, /usr/share/games/fortunes;
+each cookie of at least 40 characters, once).
 
 Corpus: the docstring paragraphs (>= 40 characters) of the installed standard
 library, read with ``ast`` (no module imported; ``search_bench.stdlib_paragraphs``).
 Queries: paragraphs drawn with a fixed seed; from each, three distinct content words
-(letters only, at least four of them, not English stop words) drawn as written, and
+(letters only, at least four of them, not among Lucene's 33 English stop words, or
+Snowball's 125 with ``--drawn-without snowball``) drawn as written, and
 the paragraph is the one known item the query must find. Quality is the mean
 reciprocal rank of that paragraph in the top 10 (0 when absent), with success@1 and
 @10.
@@ -14,7 +21,9 @@ reciprocal rank of that paragraph in the top 10 (0 when absent), with success@1 
 Systems, all on the same paragraphs and queries, in the same run:
 
 - supertable: one table, text column indexed, English analysis (its default:
-  Snowball stemming, English stop words) and, for comparison, the plain tokenizer;
+  Snowball stemming, Lucene's 33 English stop words) and, for comparison, the plain
+  tokenizer; for quality only, stemming without stop words and the previous default
+  (stemming and Snowball's English stop words);
   a warm handle, ``search(text=q, k=10)`` returning ``_id`` and ``_score`` only, and
   with the paragraph-number column;
 - tantivy (Python package): the ``en_stem`` tokenizer (its English analyzer: simple
@@ -46,7 +55,7 @@ import numpy as np
 import pyarrow as pa
 
 from beam_supertable import Supertable
-from beam_supertable.fts.analysis import ENGLISH_STOP_WORDS
+from beam_supertable.fts.analysis import LUCENE_STOP_WORDS, SNOWBALL_STOP_WORDS
 from beam_supertable.fts.tokenize import tokenize
 from benchmarks.search_bench import stdlib_paragraphs
 
@@ -55,19 +64,38 @@ QUERY_WORDS = 3
 MIN_WORD = 4
 
 
-def known_item_queries(docs, n, seed=0):
-    """(query, paragraph) pairs: three content words drawn from one paragraph."""
+def known_item_queries(docs, n, seed=0, stop_words=LUCENE_STOP_WORDS):
+    """(query, paragraph) pairs: three content words (not ``stop_words``) drawn from
+    one paragraph."""
     rng = np.random.default_rng(seed)
     out = []
     for i in rng.permutation(len(docs)):
         words = sorted({w for w in tokenize(docs[i])
-                        if w.isalpha() and len(w) >= MIN_WORD and w not in ENGLISH_STOP_WORDS})
+                        if w.isalpha() and len(w) >= MIN_WORD and w not in stop_words})
         if len(words) < QUERY_WORDS:
             continue
         out.append((" ".join(rng.choice(words, QUERY_WORDS, replace=False)), int(i)))
         if len(out) == n:
             break
     return out
+
+
+def fortunes(folder):
+    """The fortune cookies of ``folder`` (at least 40 characters each, each once)."""
+    seen = {}
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if "." in name or os.path.islink(path) or not os.path.isfile(path):
+            continue
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for cookie in f.read().split("\n%\n"):
+                cookie = cookie.strip().strip("%").strip()
+                if len(cookie) >= 40:
+                    seen.setdefault(cookie, None)
+    if not seen:
+        raise SystemExit(f"--fortunes-dir {folder}: no fortune files there "
+                         "(apt-get install fortunes, or apt-get download it and unpack it)")
+    return list(seen)
 
 
 def ours(docs, analysis):
@@ -136,6 +164,12 @@ def bm25s_side(docs):
     return {"keyed": keyed, "built": built}
 
 
+def _quality_only(side):
+    """A side answered for MRR, not timed."""
+    return {"quality": side["keyed"], "built": side["built"], "cleanup": side["cleanup"],
+            "superfiles": side["superfiles"]}
+
+
 def reciprocal_ranks(found, want):
     return [1.0 / (hits.index(w) + 1) if w in hits else 0.0 for hits, w in zip(found, want)]
 
@@ -144,19 +178,33 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3, help="timed passes over the queries")
+    parser.add_argument("--corpus", choices=("docstrings", "fortunes"), default="docstrings")
+    parser.add_argument("--fortunes-dir", default="/usr/share/games/fortunes")
+    parser.add_argument("--drawn-without", choices=("lucene", "snowball"), default="lucene",
+                        help="the stop words a query's words are not drawn from")
+    parser.add_argument("--jit-cost", action="store_true",
+                        help="only measure the compiled pass's cost to a fresh worker")
     args = parser.parse_args(argv)
-    docs = stdlib_paragraphs()
-    queries = known_item_queries(docs, args.queries)
+    if args.jit_cost:
+        return jit_cost()
+    docs = stdlib_paragraphs() if args.corpus == "docstrings" else fortunes(args.fortunes_dir)
+    queries = known_item_queries(docs, args.queries, stop_words=LUCENE_STOP_WORDS
+                                 if args.drawn_without == "lucene" else SNOWBALL_STOP_WORDS)
     want = [i for _, i in queries]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         systems = {
             "supertable, English analysis": ours(docs, "english"),
             "supertable, plain tokenizer": ours(docs, None),
+            "supertable, stemming, no stop words": _quality_only(
+                ours(docs, {"stop_words": False})),
+            "supertable, stemming, Snowball stop words (previous default)": _quality_only(
+                ours(docs, {"stop_words": True})),
             "tantivy en_stem": tantivy_side(docs),
             "bm25s (en stop words, Snowball English)": bm25s_side(docs),
         }
-    print(f"corpus: {len(docs):,} stdlib docstring paragraphs; {len(queries)} known-item queries "
+    what = "stdlib docstring paragraphs" if args.corpus == "docstrings" else "fortune cookies"
+    print(f"corpus: {len(docs):,} {what}; {len(queries)} known-item queries "
           f"of {QUERY_WORDS} words, k={K}")
     for name, s in systems.items():
         extra = f", {s['superfiles']} superfile(s)" if "superfiles" in s else \
@@ -165,7 +213,8 @@ def main(argv=None):
     # Quality, then latency: every call of a query on every system before the next query.
     quality = {}
     for name, s in systems.items():
-        rr = reciprocal_ranks([s["keyed"](q) for q, _ in queries], want)
+        answer = s.get("keyed", s.get("quality"))
+        rr = reciprocal_ranks([answer(q) for q, _ in queries], want)
         quality[name] = (np.mean(rr), np.mean([r == 1.0 for r in rr]),
                          np.mean([r > 0 for r in rr]))
     calls = [(name, kind, s[kind]) for name, s in systems.items()
@@ -212,6 +261,34 @@ def main(argv=None):
     for s in systems.values():
         if "cleanup" in s:
             s["cleanup"]()
+
+
+_FIRST_CALL = """
+import time
+t0 = time.perf_counter()
+import numpy as np
+from types import SimpleNamespace
+from beam_supertable.fts import kernels
+ix = SimpleNamespace(rows=np.array([0, 2, 1, 2], np.int32), tf=np.ones(4, np.int32),
+                     start=np.array([0, 2], np.int64), df=np.array([2, 2], np.int32))
+t1 = time.perf_counter()
+kernels.index_top(ix, np.array([0, 1]), np.ones(2), np.zeros(2, np.int8), np.ones(3), 10)
+print(f"{t1 - t0:.2f} {time.perf_counter() - t1:.2f}")
+"""
+
+
+def jit_cost():
+    """The compiled pass's cost to a fresh worker: importing numba and the module, then
+    the first call, with an empty cache folder (it compiles), then again (it loads)."""
+    import subprocess
+    import sys
+    with tempfile.TemporaryDirectory(prefix="numba-cache-") as cache:
+        env = {**os.environ, "NUMBA_CACHE_DIR": cache}
+        for what in ("no cache (compiles)", "cached on disk"):
+            out = subprocess.run([sys.executable, "-c", _FIRST_CALL], env=env, check=True,
+                                 capture_output=True, text=True).stdout.split()
+            print(f"first text search's kernel, {what}: importing the package and numba "
+                  f"{out[0]} s, first call {out[1]} s")
 
 
 def _version(dist):

@@ -177,7 +177,8 @@ class SuperfileReader:
     def vectors(self, rows: np.ndarray, column: str, metric: str):
         """Loads the fp32 vectors of ``rows`` (by row group, cached); returns a lookup."""
         from beam_supertable.vector.metric import prepare
-        groups = [int(g) for g in self.row_groups_of(rows)]
+        g_of = np.searchsorted(self._rg_starts, rows, side="right") - 1
+        groups = np.unique(g_of).tolist()
         found: Dict[int, np.ndarray] = {}
         missing = []
         for g in groups:
@@ -231,7 +232,8 @@ class SuperfileReader:
         whole = self._cache.get(self.cache_key("ids"))
         if whole is not None:
             return whole[rows]
-        groups = [int(g) for g in self.row_groups_of(rows)]
+        g_of = np.searchsorted(self._rg_starts, rows, side="right") - 1
+        groups = np.unique(g_of).tolist()
         found: Dict[int, np.ndarray] = {}
         missing = []
         for g in groups:
@@ -248,7 +250,9 @@ class SuperfileReader:
                 part = col[at:at + n].copy()
                 found[g] = self._cache.put(self.cache_key("ids", g), part, part.nbytes)
                 at += n
-        g_of = np.searchsorted(self._rg_starts, rows, side="right") - 1
+        if len(groups) == 1:   # (one row group: no masks)
+            g = groups[0]
+            return found[g][rows - self._rg_starts[g]]
         out = np.empty(len(rows), dtype=np.int64)
         for g in groups:
             m = g_of == g
@@ -268,7 +272,8 @@ class SuperfileReader:
         if not len(rows):
             return _without_index_key(
                 pa.schema([schema.field(c) for c in columns]).empty_table())
-        groups = [int(g) for g in self.row_groups_of(rows)]
+        g_of = np.searchsorted(self._rg_starts, rows, side="right") - 1
+        groups = np.unique(g_of).tolist()
         found: Dict[tuple, pa.Array] = {}
         missing: Dict[int, List[str]] = {}
         for g in groups:
@@ -287,11 +292,16 @@ class SuperfileReader:
                     col = read.column(c).combine_chunks()
                     found[(c, g)] = self._cache.put(self.cache_key("column", c, g), col,
                                                     max(col.nbytes, 64))
+        if len(groups) == 1:   # (one row group: the rows' places in it)
+            g = groups[0]
+            pos = pa.array(rows - self._rg_starts[g])
+            arrays = [found[(c, g)].take(pos) for c in columns]
+            return pa.Table.from_arrays(arrays,
+                                        schema=pa.schema([schema.field(c) for c in columns]))
         # Positions of the rows inside the concatenated row groups.
         offsets = np.zeros(len(groups) + 1, dtype=np.int64)
         for i, g in enumerate(groups):
             offsets[i + 1] = offsets[i] + (self._rg_starts[g + 1] - self._rg_starts[g])
-        g_of = np.searchsorted(self._rg_starts, rows, side="right") - 1
         pos = pa.array(offsets[np.searchsorted(groups, g_of)] + (rows - self._rg_starts[g_of]))
         arrays = [pa.chunked_array([found[(c, g)] for g in groups], schema.field(c).type)
                   .take(pos) for c in columns]

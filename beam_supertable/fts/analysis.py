@@ -1,5 +1,9 @@
 """Text analysis: the tokenizer, then stop words, then a Snowball stemmer.
 
+English analysis drops Lucene's 33 English stop words (``stop_words: "lucene"``);
+tables created when it dropped Snowball's 125 record ``stop_words: True`` and keep
+them.
+
 A table's analysis is a table property (``fts.analysis``) fixed at create, and
 one :class:`Analyzer` built from it serves indexing, queries and phrase checks,
 so a word is always reduced to the same term on both sides. A table whose
@@ -28,8 +32,9 @@ LANGUAGES = ("english",)
 
 # The Snowball project's English stop-word list, without its contractions (the
 # tokenizer splits "isn't" into "isn" and "t"), plus the "s" and "t" such splits
-# leave.
-ENGLISH_STOP_WORDS: FrozenSet[str] = frozenset("""
+# leave: the English list of tables created with ``stop_words: True`` (the default
+# before the shorter list; they keep it).
+SNOWBALL_STOP_WORDS: FrozenSet[str] = frozenset("""
 a about above after again against all am an and any are as at be because been before
 being below between both but by could did do does doing down during each few for from
 further had has have having he her here hers herself him himself his how i if in into is
@@ -38,9 +43,26 @@ ours ourselves out over own same she should so some such than that the their the
 themselves then there these they this those through to too under until up very was we were
 what when where which while who whom why with would you your yours yourself yourselves s t
 """.split())
+ENGLISH_STOP_WORDS = SNOWBALL_STOP_WORDS   # (its name before the shorter list)
 
-# What ``text_analysis=`` names, as the recorded property.
-ENGLISH = {"language": "english", "stemming": True, "stop_words": True}
+# Lucene's (and Elasticsearch's) English analyzer's 33 stop words: articles,
+# conjunctions and prepositions, none of the words a question is made of
+# ("about", "would", "through", "should" ... stay).
+LUCENE_STOP_WORDS: FrozenSet[str] = frozenset("""
+a an and are as at be but by for if in into is it no not of on or such that the their then
+there these they this to was will with
+""".split())
+
+# ``stop_words`` of an analysis: False, or the list it names (True: Snowball's).
+STOP_LISTS = {"snowball": SNOWBALL_STOP_WORDS, "lucene": LUCENE_STOP_WORDS}
+
+# What ``text_analysis=`` names, as the recorded property. English: Snowball stemming
+# and Lucene's 33 stop words, chosen by measurement on ``benchmarks.text_bench``'s two
+# corpora (Snowball's 125 words lost queries holding "about", "would", "through" ...;
+# no stop words at all ranked a little lower than the 33).
+ENGLISH = {"language": "english", "stemming": True, "stop_words": "lucene"}
+# English as recorded by tables created before the shorter list: they keep it.
+ENGLISH_BEFORE = {"language": "english", "stemming": True, "stop_words": True}
 PLAIN = {"language": "english", "stemming": False, "stop_words": False}
 
 AnalysisArg = Union[None, bool, str, Mapping[str, Any]]
@@ -56,9 +78,11 @@ DEFAULT: Mapping[str, Any] = _Default(ENGLISH)
 def normalize(value: AnalysisArg, where: str = "text_analysis") -> Dict[str, Any]:
     """The property recorded for ``create(text_analysis=value)``.
 
-    ``"english"`` and ``True`` are English analysis (stemming and stop words);
-    ``None``, ``False`` and ``"none"`` the plain tokenizer; a dict sets
-    ``language``, ``stemming`` and ``stop_words`` (the switches default on).
+    ``"english"`` and ``True`` are English analysis (Snowball stemming, Lucene's 33
+    English stop words); ``None``, ``False`` and ``"none"`` the plain tokenizer; a
+    dict sets ``language``, ``stemming`` (a bool) and ``stop_words``: ``"lucene"``
+    (the default), ``"snowball"`` (Snowball's 125 English stop words; ``True`` too,
+    as tables created before the shorter list record it) or ``False``.
     """
     if value is True or value == "english":
         return dict(ENGLISH)
@@ -76,9 +100,11 @@ def normalize(value: AnalysisArg, where: str = "text_analysis") -> Dict[str, Any
     if out["language"] not in LANGUAGES:
         raise ValueError(f"{where}: language {out['language']!r} is not supported; "
                          f"supported: {list(LANGUAGES)}")
-    for switch in ("stemming", "stop_words"):
-        if not isinstance(out[switch], bool):
-            raise ValueError(f"{where}: {switch!r} must be True or False, got {out[switch]!r}")
+    if not isinstance(out["stemming"], bool):
+        raise ValueError(f"{where}: 'stemming' must be True or False, got {out['stemming']!r}")
+    if not isinstance(out["stop_words"], bool) and out["stop_words"] not in STOP_LISTS:
+        raise ValueError(f"{where}: 'stop_words' must be True, False or one of "
+                         f"{sorted(STOP_LISTS)}, got {out['stop_words']!r}")
     return out
 
 
@@ -115,6 +141,9 @@ class Analyzer:
 
     def parse_query(self, query: str) -> Tuple[List[str], List[str], List[List[str]]]:
         """(terms, required terms, phrases), as :func:`tokenize.parse_query`, analyzed."""
+        if '"' not in query and "+" not in query:
+            # Words only: the query's words are its terms, analyzed in one call.
+            return tok._dedupe(self.tokenize(query)), [], []
         return tok.parse_query_with(query, self.tokenize)
 
 
@@ -126,16 +155,25 @@ def analyzer_of(fts_props: Optional[Mapping[str, Any]]) -> Analyzer:
     return _analyzer(tuple(fts_props.get("stop_words", ())),
                      None if analysis is None else
                      (analysis.get("language"), bool(analysis.get("stemming")),
-                      bool(analysis.get("stop_words"))))
+                      _stop_list(analysis.get("stop_words"))))
+
+
+def _stop_list(switch: Any) -> Optional[str]:
+    """The stop list an analysis' ``stop_words`` names: True (as recorded by tables
+    created before the shorter list) is Snowball's, False or absent none."""
+    if switch is True:
+        return "snowball"
+    return switch if switch in STOP_LISTS else None
 
 
 @functools.lru_cache(maxsize=64)
-def _analyzer(custom: Tuple[str, ...], analysis: Optional[Tuple[str, bool, bool]]) -> Analyzer:
+def _analyzer(custom: Tuple[str, ...], analysis: Optional[Tuple[str, bool, Optional[str]]]
+              ) -> Analyzer:
     # Cached: a search builds the analyzer from the properties every time.
     if analysis is None:
         return Analyzer(frozenset(custom))
-    language, stemming, stop_words = analysis
-    words = frozenset(custom) | ENGLISH_STOP_WORDS if stop_words else frozenset(custom)
+    language, stemming, stop_list = analysis
+    words = frozenset(custom) | STOP_LISTS[stop_list] if stop_list else frozenset(custom)
     return Analyzer(words, language if stemming else None)
 
 
@@ -223,6 +261,8 @@ def held_if_not_given(props: Dict[str, Any], held: Mapping[str, Any],
     # the given ``stop_words`` casefolded: they still open it, as it is.
     if theirs.get("stop_words") == sorted({w.casefold() for w in stop_words}):
         fts["stop_words"] = theirs["stop_words"]
+    if mine.get("analysis") == ENGLISH and theirs.get("analysis") == ENGLISH_BEFORE:
+        given = False   # "english" opens a table created when it named the longer list
     if not given or ("analysis" not in theirs and mine.get("analysis") == PLAIN):
         fts.pop("analysis", None)
         if "analysis" in theirs:

@@ -127,6 +127,9 @@ class TextIndex:
         s = int(self.start[i])
         return s, s + int(self.df[i])
 
+    def __contains__(self, term: str) -> bool:
+        return term in self._lookup
+
     def doc_freq(self, term: str) -> int:
         i = self._lookup.get(term)
         return 0 if i is None else int(self.df[i])
@@ -156,7 +159,10 @@ def bloom_may_contain(bloom: Union[str, bytes], term: str) -> bool:
     """False only when ``term`` is surely absent; ``bloom`` as in the manifest or decoded."""
     bits = bloom_bits(bloom) if isinstance(bloom, str) else bloom
     # Bit i is bit i % 8 of byte i // 8 (np.packbits(..., bitorder="little")).
-    return all(bits[i >> 3] >> (i & 7) & 1 for i in _probe(term, len(bits) * 8))
+    for i in _probe(term, len(bits) * 8):
+        if not bits[i >> 3] >> (i & 7) & 1:
+            return False
+    return True
 
 
 @functools.lru_cache(maxsize=8192)

@@ -20,7 +20,6 @@ class TextSource(Protocol):
 
 RRF_K = 60
 CHECK_BATCH_MIN = 64   # rows checked (phrases, filter) at a time at first, per superfile
-DENSE_SHARE = 8        # postings above 1/8 of a superfile's rows: scores in a dense array
 
 
 def rrf(rankings: Sequence[Sequence[Tuple[int, int]]], k: int) -> List[Tuple[float, Tuple[int, int]]]:
@@ -135,24 +134,26 @@ def _superfile_top(ix, terms: Sequence[str], must, df: Dict[str, int], n_docs: i
                    ) -> List[Tuple[float, int]]:
     """One superfile's best ``k`` (score, row), best first (ties by row).
 
-    Rows are ranked by score and checked (phrases, filter) a growing batch at
-    a time, so only about ``k`` rows are kept and only the best are read.
+    The query's postings are scored and the best ``k`` kept in one compiled pass
+    (:func:`kernels.score_top`). With a check (phrases, filter), every matching
+    row is ranked by score and checked a growing batch at a time, so only about
+    ``k`` rows are kept and only the best are read.
     """
-    found = [(t, ix.postings(t)) for t in terms]
-    found = [(t, p) for t, p in found if p is not None]
-    if not found or any(ix.postings(t) is None for t in must):
+    # numba is imported by the first text search, not by every process importing the package.
+    from beam_supertable.fts import kernels
+    lookup = ix._lookup
+    present = [t for t in terms if t in lookup]
+    if not present or any(t not in lookup for t in must):
         return []
-    rows, scores = _scored(ix, found, must, df, n_docs, avg)
-    if check is None and len(rows) > k:
-        # The k best without sorting every hit: all rows scoring at least the
-        # k-th best score (ties included), then an exact sort of those.
-        kth = np.partition(-scores, k - 1)[k - 1]
-        best = -scores <= kth
-        rows, scores = rows[best], scores[best]
+    rows, scores = kernels.index_top(
+        ix, np.array([lookup[t] for t in present], dtype=np.int64),
+        np.array([fts_index.bm25_idf(df[t], n_docs) for t in present], dtype=np.float64),
+        np.array([t in must for t in present], dtype=np.int8), ix.length_norm(avg),
+        k if check is None else -1)
+    if check is None:
+        return list(zip(scores.tolist(), rows.tolist()))
     at = np.lexsort((rows, -scores))
     order, scores = rows[at], scores[at]
-    if check is None:
-        return list(zip(scores[:k].tolist(), order[:k].tolist()))
     kept: List[int] = []
     pos, step = 0, max(k, CHECK_BATCH_MIN)
     while pos < len(order) and len(kept) < k:
@@ -161,45 +162,3 @@ def _superfile_top(ix, terms: Sequence[str], must, df: Dict[str, int], n_docs: i
         pos += len(batch)
         step *= 2
     return [(float(scores[i]), int(order[i])) for i in kept[:k]]
-
-
-def _scored(ix, found, must, df: Dict[str, int], n_docs: int, avg: float
-            ) -> Tuple[np.ndarray, np.ndarray]:
-    """The rows holding a query term and every ``must`` term (ascending), and their scores.
-
-    A row's score adds its terms' BM25 in query-term order, starting from 0,
-    whichever way it is summed: a dense array over every row when the postings
-    cover much of the superfile, else the postings alone (a query of rare
-    words then costs what its postings cost, not what the superfile's rows do).
-    """
-    posted = [p[0] for _, p in found]
-    flat = np.concatenate(posted) if len(posted) > 1 else posted[0]
-    idf = np.repeat([fts_index.bm25_idf(df[t], n_docs) for t, _ in found],
-                    [len(r) for r in posted])
-    tf64 = ix.tf_float()
-    spans = [ix.span(t) for t, _ in found]
-    tf = np.concatenate([tf64[s:e] for s, e in spans]) if len(spans) > 1 else \
-        tf64[spans[0][0]:spans[0][1]]
-    each = fts_index.bm25_postings(tf, ix.length_norm(avg)[flat], idf)
-    needed = [i for i, (t, _) in enumerate(found) if t in must]
-    if len(flat) * DENSE_SHARE > len(ix.lengths):
-        scores = np.zeros(len(ix.lengths), dtype=np.float64)
-        hits = np.zeros(len(ix.lengths), dtype=np.int32)
-        at = 0
-        for i, r in enumerate(posted):
-            scores[r] += each[at:at + len(r)]
-            if not needed or i in needed:
-                hits[r] += 1
-            at += len(r)
-        rows = np.flatnonzero(hits >= max(1, len(needed)))
-        return rows, scores[rows]
-    if len(posted) == 1:
-        return flat, each + 0.0   # (0 + score, as the dense sum)
-    rows, inverse = np.unique(flat, return_inverse=True)
-    # bincount adds each row's weights in input order: the dense sum's order.
-    scores = np.bincount(inverse, weights=each, minlength=len(rows))
-    if needed:
-        mark = np.repeat(np.isin(np.arange(len(found)), needed), [len(r) for r in posted])
-        keep = np.bincount(inverse, weights=mark, minlength=len(rows)) == len(needed)
-        rows, scores = rows[keep], scores[keep]
-    return rows, scores

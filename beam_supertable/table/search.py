@@ -301,10 +301,13 @@ class Searcher:
             return schema.empty_table()
         if not names:
             # Ids only: each hit's id straight from its superfile's ``_id`` column.
-            ids = np.empty(len(rows), dtype=np.int64)
-            for si in np.flatnonzero(np.bincount(sis, minlength=len(entries))).tolist():
-                mask = sis == si
-                ids[mask] = self.table._reader(entries[si]).ids_of(rows[mask])
+            if len(entries) == 1:   # (one superfile: every hit is in it)
+                ids = self.table._reader(entries[0]).ids_of(rows)
+            else:
+                ids = np.empty(len(rows), dtype=np.int64)
+                for si in np.flatnonzero(np.bincount(sis, minlength=len(entries))).tolist():
+                    mask = sis == si
+                    ids[mask] = self.table._reader(entries[si]).ids_of(rows[mask])
             columns = [pa.array(ids, schema.field(0).type)]
             if dist is not None:
                 columns.append(pa.array(dist, pa.float32()))

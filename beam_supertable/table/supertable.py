@@ -155,8 +155,9 @@ class Supertable:
             stop_words: words the tokenizer drops (none by default), each one word
                 to the tokenizer, lowered as it lowers the words of a text.
             text_analysis: how text becomes terms, at write and query time: English
-                (Snowball stemming, stop words) by default; ``None``: the plain
-                tokenizer; ``{"stemming": bool, "stop_words": bool}`` switches each.
+                (Snowball stemming, Lucene's 33 stop words) by default; ``None``: the
+                plain tokenizer; ``{"stemming": bool, "stop_words": "lucene" |
+                "snowball" | False}`` sets each.
             cache_bytes: the handle's read cache budget (see the class note).
             iceberg: keep Apache Iceberg v2 metadata beside every version, so
                 Iceberg readers read the table (see ``iceberg_metadata_location``).

@@ -16,9 +16,10 @@ from beam_supertable import Supertable, WriteToSupertable
 from beam_supertable.errors import SchemaMismatchError
 from beam_supertable.format.manifest import Manifest
 from beam_supertable.format.store import ObjectStore
-from beam_supertable.fts.analysis import ENGLISH_STOP_WORDS, Analyzer, analyzer_of, normalize
+from beam_supertable.fts.analysis import (ENGLISH_BEFORE, LUCENE_STOP_WORDS, SNOWBALL_STOP_WORDS,
+                                          Analyzer, analyzer_of, normalize)
 from beam_supertable.fts.index import TextIndex
-from beam_supertable.fts.tokenize import contains_phrase, parse_query, tokenize
+from beam_supertable.fts.tokenize import contains_phrase, parse_query, parse_query_with, tokenize
 from beam_supertable.rag import chunk_schema, migrate_chunk_table
 
 SCHEMA = pa.schema([("n", pa.int64()), ("body", pa.string())])
@@ -56,11 +57,17 @@ def _terms(table):
     return out
 
 
-def test_english_analysis_stems_and_drops_stop_words():
+def test_english_analysis_stems_and_drops_lucenes_33_stop_words():
     assert ENGLISH.tokenize("Why does the dough RISE? Running classes, tides rising") == [
-        "dough", "rise", "run", "class", "tide", "rise"]
+        "whi", "doe", "dough", "rise", "run", "class", "tide", "rise"]
     assert ENGLISH.tokenize(None) == [] and ENGLISH.tokenize("the a of") == []
-    assert {"the", "why", "does", "not"} <= ENGLISH_STOP_WORDS
+    assert len(LUCENE_STOP_WORDS) == 33 and LUCENE_STOP_WORDS < SNOWBALL_STOP_WORDS | {"will"}
+    # The words a question is made of stay.
+    assert ENGLISH.tokenize("about what would go through") == [
+        "about", "what", "would", "go", "through"]
+    snowball = analyzer_of({"analysis": normalize({"stop_words": "snowball"})})
+    assert snowball.tokenize("about what would go through") == ["go"]
+    assert snowball == analyzer_of({"analysis": ENGLISH_BEFORE})
 
 
 def test_each_switch_turns_off_its_step_alone():
@@ -69,7 +76,7 @@ def test_each_switch_turns_off_its_step_alone():
     stops = analyzer_of({"analysis": normalize({"stemming": False})})
     off = analyzer_of({"analysis": normalize("none")})
     assert stems.tokenize(text) == ["whi", "doe", "the", "dough", "rise", "run", "class"]
-    assert stops.tokenize(text) == ["dough", "rise", "running", "classes"]
+    assert stops.tokenize(text) == ["why", "does", "dough", "rise", "running", "classes"]
     assert off.tokenize(text) == tokenize(text)
     assert off == analyzer_of({"columns": ["body"]}) == Analyzer()
 
@@ -81,7 +88,8 @@ def test_custom_stop_words_join_the_english_ones_and_match_words_before_stemming
 
 @pytest.mark.parametrize("bad, named", [
     ("French", "'French'"), ({"language": "klingon"}, "klingon"),
-    ({"stemming": "yes"}, "'stemming'"), ({"stemmer": True}, "['stemmer']")])
+    ({"stemming": "yes"}, "'stemming'"), ({"stemmer": True}, "['stemmer']"),
+    ({"stop_words": "french"}, "'french'")])
 def test_a_bad_text_analysis_is_refused_naming_it(tmp_path, bad, named):
     with pytest.raises(ValueError, match="text_analysis") as err:
         Supertable.create(str(tmp_path / "t"), SCHEMA, fts_columns=["body"], text_analysis=bad)
@@ -92,11 +100,21 @@ def test_a_bad_text_analysis_is_refused_naming_it(tmp_path, bad, named):
 @settings(max_examples=60, deadline=None)
 @given(texts=st.lists(st.lists(st.sampled_from(WORDS), max_size=8).map(" ".join)
                       | st.text(max_size=30), min_size=1, max_size=6),
-       stemming=st.booleans(), stop_words=st.booleans())
+       stemming=st.booleans(), stop_words=st.sampled_from([False, True, "lucene", "snowball"]))
 def test_a_column_is_analyzed_as_each_of_its_texts_is(texts, stemming, stop_words):
     """The index analyzes a whole column, a query one text: they agree word for word."""
     a = analyzer_of({"analysis": normalize({"stemming": stemming, "stop_words": stop_words})})
     assert a.tokenize_many(texts) == [a.tokenize(t) for t in texts]
+
+
+@settings(max_examples=60, deadline=None)
+@given(query=st.lists(st.sampled_from(WORDS + ["+rise", '"dough rises"', "don't", "a-b"]),
+                      max_size=6).map(" ".join) | st.text(max_size=30),
+       stop_words=st.sampled_from([False, "lucene", "snowball"]))
+def test_a_query_of_words_parses_as_each_word_analyzed(query, stop_words):
+    """A query without ``+`` or quotes is read in one call: as each word read alone."""
+    a = analyzer_of({"analysis": normalize({"stop_words": stop_words})})
+    assert a.parse_query(query) == parse_query_with(query, a.tokenize)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -152,13 +170,15 @@ def test_english_scores_are_the_reference_over_analyzed_words(tmp_path, query):
     _assert_reference(t.search(text=query, k=10), DOUGH, query, ENGLISH)
 
 
-@pytest.mark.parametrize("english", [{}, {"text_analysis": "english"}, {"text_analysis": True},
-                                     {"text_analysis": {"language": "english", "stemming": True,
-                                                        "stop_words": True}}])
-def test_why_does_dough_rise_finds_the_dough_first_on_a_new_table(tmp_path, english):
+@pytest.mark.parametrize("english, stop_words", [
+    ({}, "lucene"), ({"text_analysis": "english"}, "lucene"), ({"text_analysis": True}, "lucene"),
+    ({"text_analysis": {"language": "english", "stemming": True, "stop_words": True}}, True),
+    ({"text_analysis": {"stop_words": "snowball"}}, "snowball"),
+    ({"text_analysis": {"stop_words": False}}, False)])
+def test_why_does_dough_rise_finds_the_dough_first_on_a_new_table(tmp_path, english, stop_words):
     t = _table(str(tmp_path / "t"), DOUGH, **english)
     assert t.properties["fts"]["analysis"] == {
-        "language": "english", "stemming": True, "stop_words": True}
+        "language": "english", "stemming": True, "stop_words": stop_words}
     assert t.search(text="why does dough rise", k=3)["n"].to_pylist() == [0, 1]
     # Phrases match analyzed words too: "dough rises" is the phrase "dough rise".
     assert t.search(text='"dough rising"', k=3)["n"].to_pylist() == [0]
@@ -195,6 +215,36 @@ def test_a_table_created_before_analysis_keeps_the_plain_tokenizer(tmp_path):
     after = Supertable.open(uri).search(text="why does dough rise", k=4)
     assert after["n"].to_pylist() == before["n"].to_pylist()
     np.testing.assert_allclose(after["_score"].to_numpy(), before["_score"].to_numpy())
+
+
+def test_a_table_created_with_the_snowball_default_keeps_it(tmp_path):
+    """English once dropped Snowball's 125 stop words: such a table records
+    ``stop_words: True`` and indexes, searches, optimizes and reopens with them."""
+    uri = str(tmp_path / "t")
+    full, props = Supertable.describe_create(uri, SCHEMA, fts_columns=["body"])
+    props["fts"]["analysis"] = dict(ENGLISH_BEFORE)
+    Manifest(ObjectStore(uri)).create(full, props)
+    docs = ["what it is about", "it is about bread", "bread rises"]
+    t = Supertable.open(uri)
+    t.append(pa.table({"n": [0, 1, 2], "body": docs}, schema=SCHEMA))
+    assert _terms(t) == {"bread", "rise"}
+    assert t.search(text="about", k=3).num_rows == 0
+    for again in (Supertable.create(uri, SCHEMA, fts_columns=["body"], mode="exist_ok"),
+                  Supertable.create(uri, SCHEMA, fts_columns=["body"], mode="exist_ok",
+                                    text_analysis="english")):
+        assert again.properties["fts"]["analysis"] == ENGLISH_BEFORE
+    t.append(pa.table({"n": [3], "body": ["about the bread"]}, schema=SCHEMA))
+    t.optimize()
+    assert _terms(t) == {"bread", "rise"}
+    assert Supertable.open(uri).properties["fts"]["analysis"]["stop_words"] is True
+    # A new table (the default) finds what the old one dropped.
+    new = _table(str(tmp_path / "new"), docs)
+    assert new.properties["fts"]["analysis"]["stop_words"] == "lucene"
+    assert new.search(text="about", k=3)["n"].to_pylist() == [0, 1]
+    with pytest.raises(SchemaMismatchError, match="analysis"):
+        Supertable.create(uri, SCHEMA, fts_columns=["body"], mode="exist_ok",
+                          text_analysis={"stop_words": "lucene", "language": "english",
+                                         "stemming": False})
 
 
 def test_exist_ok_without_text_analysis_opens_a_table_of_any_analysis(tmp_path):
