@@ -30,7 +30,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from beam_supertable.vector import codes
+from beam_supertable.vector import codes, kernels
 from beam_supertable.vector._threads import SEARCH_THREADS, _pool, blas_controller, one_blas_thread  # noqa: F401
 from beam_supertable.vector.calibrate import check_target
 from beam_supertable.vector.index import EXACT_FIRST_RUNS, VectorIndex  # noqa: F401
@@ -146,12 +146,7 @@ def _shortlist(index: VectorIndex, run, queries: np.ndarray, qs: np.ndarray, kee
     center = index.fine_centroids()[fine]
     bits = index.bits(start, stop)
     qbits = codes.bits_encode(queries[qs] - center)
-    keep = min(keep, stop - start)
-    out = np.empty((len(qs), keep), dtype=np.int64)
-    for j in range(len(qs)):
-        ham = codes.hamming(qbits[j], bits)
-        out[j] = np.argpartition(ham, keep - 1)[:keep]
-    return out
+    return kernels.hamming_topk(qbits, bits, keep)
 
 
 def scores(queries: np.ndarray, columns: np.ndarray) -> np.ndarray:
@@ -209,6 +204,13 @@ def _search_superfile(index: VectorIndex, queries: np.ndarray, probes: np.ndarra
         index.load_codes([(run[0], run[1]) for run, _, _, _ in runs])
     depth = k if exact else k * RERANK_PER_K
     warm = index.scoring_store() if exact else None   # every run loaded: no per-run checks
+    if allowed is None and not index.has_replicas \
+            and all(r[1] - r[0] <= SHORTLIST_MIN_ENTRIES for r, _, _, _ in runs):
+        found = _scan_compiled(index, augmented, runs, depth, warm)
+        if found is not None:
+            out = _select(index, queries, *found, k, depth, exact, metric)
+            index.promote()
+            return out
     cut = np.full(n_q, np.inf, dtype=np.float32)
     blocks, owners, firsts, widths = [], [], [], []
     for run, qs, lead, n_lead in runs:
@@ -266,6 +268,36 @@ def _search_superfile(index: VectorIndex, queries: np.ndarray, probes: np.ndarra
     out = _select(index, queries, cq, cd, cr, k, depth, exact, metric)
     index.promote()
     return out
+
+
+def _scan_compiled(index: VectorIndex, augmented: np.ndarray, runs, depth: int,
+                   warm: Optional[np.ndarray]):
+    """Every query's ``depth`` best (query, score, entry) over its runs, by the compiled
+    scan (:func:`kernels.scan_topk`): one call for all runs and queries, the top
+    kept inside it. None when the stores were replaced while the runs loaded
+    (the handle's budget filled up): the caller then scores run by run.
+    """
+    store = warm if warm is not None else index.scoring_store()
+    starts, stops, qids = [], [], []
+    for run, qs, _, _ in runs:
+        start, stop, _ = run
+        if stop <= start:
+            continue
+        if warm is None:
+            index.scoring_rows(start, stop)    # loads the run (and counts its scoring)
+        starts.append(start)
+        stops.append(stop)
+        qids.append(qs)
+    if warm is None and index.scoring_store() is not store:
+        return None
+    n_q = len(augmented)
+    if not starts:
+        return np.empty(0, np.int64), np.empty(0, np.float32), np.empty(0, np.int64)
+    qptr = np.concatenate([[0], np.cumsum([len(q) for q in qids])])
+    scored, entries, counts = kernels.scan_topk(augmented, store, np.asarray(starts), np.asarray(stops),
+                                                qptr, np.concatenate(qids), depth)
+    filled = np.arange(depth)[None, :] < counts[:, None]
+    return np.repeat(np.arange(n_q), counts), scored[filled], entries[filled]
 
 
 class _Flat:
