@@ -23,26 +23,35 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import Optional
 
 import numpy as np
 
 
-def _cache_dir() -> None:
-    """Points numba's disk cache somewhere writable when the package folder is not."""
-    if os.environ.get("NUMBA_CACHE_DIR") or os.access(os.path.dirname(__file__), os.W_OK):
-        return
-    for base in (os.path.join(os.path.expanduser("~"), ".cache"), tempfile.gettempdir()):
+def cache_folder(environ, package_writable: bool) -> Optional[str]:
+    """Where numba should cache (``NUMBA_CACHE_DIR``), or None to leave its choice.
+
+    None when the caller set ``NUMBA_CACHE_DIR`` or numba can write beside the
+    package; else the first writable of ``~/.cache/beam-supertable/numba`` and
+    the temporary folder's ``beam-supertable/numba`` (made if missing).
+    """
+    if environ.get("NUMBA_CACHE_DIR") or package_writable:
+        return None
+    home = environ.get("HOME") or os.path.expanduser("~")
+    for base in (os.path.join(home, ".cache"), tempfile.gettempdir()):
         path = os.path.join(base, "beam-supertable", "numba")
         try:
             os.makedirs(path, exist_ok=True)
         except OSError:
             continue
         if os.access(path, os.W_OK):
-            os.environ["NUMBA_CACHE_DIR"] = path
-            return
+            return path
+    return None
 
 
-_cache_dir()
+_FOLDER = cache_folder(os.environ, os.access(os.path.dirname(os.path.abspath(__file__)), os.W_OK))
+if _FOLDER is not None:
+    os.environ["NUMBA_CACHE_DIR"] = _FOLDER
 
 import numba  # noqa: E402  (after the cache folder is chosen)
 
