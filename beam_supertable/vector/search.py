@@ -30,7 +30,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from beam_supertable.vector import codes, kernels
+from beam_supertable.vector import codes
 from beam_supertable.vector._threads import SEARCH_THREADS, _pool, blas_controller, one_blas_thread  # noqa: F401
 from beam_supertable.vector.calibrate import check_target
 from beam_supertable.vector.index import EXACT_FIRST_RUNS, VectorIndex  # noqa: F401
@@ -146,6 +146,8 @@ def _shortlist(index: VectorIndex, run, queries: np.ndarray, qs: np.ndarray, kee
     center = index.fine_centroids()[fine]
     bits = index.bits(start, stop)
     qbits = codes.bits_encode(queries[qs] - center)
+    from beam_supertable.vector import kernels   # (numba: imported on first use)
+
     return kernels.hamming_topk(qbits, bits, keep)
 
 
@@ -294,6 +296,8 @@ def _scan_compiled(index: VectorIndex, augmented: np.ndarray, runs, depth: int,
     if not starts:
         return np.empty(0, np.int64), np.empty(0, np.float32), np.empty(0, np.int64)
     qptr = np.concatenate([[0], np.cumsum([len(q) for q in qids])])
+    from beam_supertable.vector import kernels   # (numba: imported on first use)
+
     scored, entries, counts = kernels.scan_topk(augmented, store, np.asarray(starts), np.asarray(stops),
                                                 qptr, np.concatenate(qids), depth)
     filled = np.arange(depth)[None, :] < counts[:, None]
