@@ -205,3 +205,59 @@ def hamming_topk(qbits: np.ndarray, bits: np.ndarray, keep: int) -> np.ndarray:
         _hamming(np.ascontiguousarray(qbits, dtype=np.uint8), np.ascontiguousarray(bits, dtype=np.uint8),
                  keep, _POPCOUNT, out)
     return out
+
+
+@numba.njit(**{**_JIT, "fastmath": True})   # (the distance sums vectorize)
+def _sqdist(x, i, c):
+    s = np.float32(0.0)
+    for d in range(x.shape[1]):
+        t = x[i, d] - x[c, d]
+        s += t * t
+    return s
+
+
+@numba.njit(**_JIT)
+def _seed(x, first, uniforms, out):
+    n = x.shape[0]
+    closest = np.empty(n, dtype=np.float64)
+    cum = np.empty(n, dtype=np.float64)
+    c = first
+    out[0] = c
+    for i in range(n):
+        closest[i] = _sqdist(x, i, c)
+    for j in range(1, len(out)):
+        total = 0.0
+        for i in range(n):
+            total += closest[i]
+            cum[i] = total
+        r = uniforms[j - 1] * total
+        lo, hi = 0, n
+        while lo < hi:       # the first i with cum[i] >= r
+            mid = (lo + hi) // 2
+            if cum[mid] < r:
+                lo = mid + 1
+            else:
+                hi = mid
+        c = min(lo, n - 1)
+        out[j] = c
+        for i in range(n):
+            s = _sqdist(x, i, c)
+            if s < closest[i]:
+                closest[i] = s
+
+
+def kmeans_plusplus(x: np.ndarray, n_centres: int, seed: int) -> np.ndarray:
+    """Indices of ``n_centres`` k-means++ seeds among the rows of ``x`` (one trial each).
+
+    The first seed is a uniform draw; each next one is drawn with probability
+    proportional to a row's squared distance (summed in float32) to its nearest seed so
+    far: the first row whose running sum of those distances reaches a uniform
+    share of their total. The draws come from ``numpy.random.default_rng(seed)``.
+    """
+    n_centres = min(n_centres, len(x))
+    out = np.empty(n_centres, dtype=np.int64)
+    if n_centres:
+        rng = np.random.default_rng(seed)
+        first = int(rng.integers(len(x)))
+        _seed(np.ascontiguousarray(x, dtype=np.float32), first, rng.random(n_centres - 1), out)
+    return out

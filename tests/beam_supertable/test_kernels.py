@@ -143,3 +143,27 @@ def test_compiled_kernels_are_cached_on_disk(tmp_path):
     names = [n for _, _, ns in os.walk(tmp_path / "jit") for n in ns]
     assert any(n.endswith(".nbi") for n in names) and any(n.endswith(".nbc") for n in names)
     assert runs[0] == ["Counter()"] and runs[1] != ["Counter()"]
+
+
+def _reference_seeds(x, n_centres, seed):
+    """k-means++ with one trial a centre, in plain numpy, from the same draws."""
+    rng = np.random.default_rng(seed)
+    out = [int(rng.integers(len(x)))]
+    uniforms = rng.random(n_centres - 1)
+    x = x.astype(np.float64)
+    closest = ((x - x[out[0]]) ** 2).sum(axis=1)
+    for u in uniforms:
+        cum = np.cumsum(closest)
+        c = min(int(np.searchsorted(cum, u * cum[-1], side="left")), len(x) - 1)
+        out.append(c)
+        closest = np.minimum(closest, ((x - x[c]) ** 2).sum(axis=1))
+    return np.array(out)
+
+
+@given(st.integers(1, 80), st.integers(1, 6), st.integers(1, 30), st.integers(0, 2**32 - 1))
+@settings(**SETTINGS)
+def test_kmeans_plusplus_matches_numpy(n, dim, n_centres, seed):
+    # Small integers: every distance and running sum is exact in both.
+    x = np.random.default_rng(seed).integers(-3, 4, (n, dim)).astype(np.float32)
+    got = kernels.kmeans_plusplus(x, n_centres, seed)
+    np.testing.assert_array_equal(got, _reference_seeds(x, min(n_centres, n), seed))
