@@ -42,6 +42,7 @@ SHORTLIST_SHARE = 0.25
 FINE_PROBE_SHARE = 0.5
 PARALLEL_MIN_QUERIES = 16        # smaller batches run inline: threads cost more than they save
 FIRST_PROBES = 1                 # cells every query scores before bounds may skip the rest
+COMPILED_SCAN = True             # unfiltered runs scan in one compiled call (kernels.scan_topk)
 
 
 def check_probe_args(where: str, nprobe, recall_target) -> None:
@@ -206,7 +207,7 @@ def _search_superfile(index: VectorIndex, queries: np.ndarray, probes: np.ndarra
         index.load_codes([(run[0], run[1]) for run, _, _, _ in runs])
     depth = k if exact else k * RERANK_PER_K
     warm = index.scoring_store() if exact else None   # every run loaded: no per-run checks
-    if allowed is None and not index.has_replicas \
+    if COMPILED_SCAN and allowed is None and not index.has_replicas \
             and all(r[1] - r[0] <= SHORTLIST_MIN_ENTRIES for r, _, _, _ in runs):
         found = _scan_compiled(index, augmented, runs, depth, warm)
         if found is not None:

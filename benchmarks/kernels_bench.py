@@ -1,6 +1,7 @@
-"""What the compiled kernels add to a fresh worker's first search.
+"""The compiled kernels: what they add to a fresh worker's first search, and what they save.
 
-    python -m benchmarks.jit_bench
+    python -m benchmarks.kernels_bench              # both
+    python -m benchmarks.kernels_bench --only jit   # or: scan
 
 A fresh process (a new worker) opens a 20,000 x 64 table and runs a batch of
 64 queries, then the same batch again. Measured, best of 3, each in a new
@@ -13,6 +14,10 @@ process:
 - the first search's time against the second's, in both cases.
 
 Wall and CPU seconds: on a shared, loaded machine the wall time waits for a core.
+
+``scan``: a 1,000-query batch on a warm 50,000 x 128 table (well-separated
+clusters, as ``search_bench``'s (b)), with the compiled cell scan and with the
+numpy path it replaces (``search.COMPILED_SCAN``), alternating, best of 8 each.
 """
 
 from __future__ import annotations
@@ -57,7 +62,34 @@ def _child(table: str, queries: str, cache: str) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def main() -> None:
+def scan() -> None:
+    from beam_supertable import Supertable
+    from beam_supertable.vector import search as vsearch
+    from benchmarks.search_bench import clustered
+
+    x, q = clustered(50_000, 1_000, 250, 5.0)
+    with tempfile.TemporaryDirectory() as d:
+        data = pa.table({"id": pa.array(np.arange(len(x))),
+                         "emb": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), x.shape[1])})
+        Supertable.create(f"{d}/t", data.schema, vector_column="emb", metric="l2").append(data)
+        t = Supertable.open(f"{d}/t")
+        for _ in range(3):
+            t.search(vector=q, k=10, columns=[])
+        best = {True: float("inf"), False: float("inf")}
+        try:
+            for _ in range(8):
+                for flag in (True, False):
+                    vsearch.COMPILED_SCAN = flag
+                    t0 = time.perf_counter()
+                    t.search(vector=q, k=10, columns=[])
+                    best[flag] = min(best[flag], time.perf_counter() - t0)
+        finally:
+            vsearch.COMPILED_SCAN = True
+    print(f"scan: compiled {len(q) / best[True]:,.0f} q/s, numpy {len(q) / best[False]:,.0f} q/s "
+          f"({best[False] / best[True]:.2f}x)")
+
+
+def jit() -> None:
     from beam_supertable import Supertable
 
     rng = np.random.default_rng(0)
@@ -80,7 +112,20 @@ def main() -> None:
               f"(of 3: {each}; CPU {best['cpu']:.2f} s); "
               f"then first search "
               f"{best['first'] * 1e3:.0f} ms, second {best['second'] * 1e3:.0f} ms")
-    print(f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=("jit", "scan"))
+    args = parser.parse_args()
+    if args.only in (None, "jit"):
+        jit()
+    if args.only in (None, "scan"):
+        scan()
+    print(f"{time.strftime('%Y-%m-%d %H:%M')} UTC, {os.cpu_count()} cores, "
+          f"load {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":
