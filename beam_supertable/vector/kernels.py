@@ -79,9 +79,9 @@ def _scan(aug, store, starts, stops, qptr, qids, heap_s, heap_e, heap_n):
                 buf[j] = 0.0
             for d in range(width):
                 w = aug[q, d]
-                col = store[d]
+                col = store[d, a:a + n]   # (a slice: indices from 0, so the loop vectorizes)
                 for j in range(n):
-                    buf[j] += w * col[a + j]
+                    buf[j] += w * col[j]
             hs = heap_s[q]
             he = heap_e[q]
             m = heap_n[q]
@@ -207,57 +207,50 @@ def hamming_topk(qbits: np.ndarray, bits: np.ndarray, keep: int) -> np.ndarray:
     return out
 
 
-@numba.njit(**{**_JIT, "fastmath": True})   # (the distance sums vectorize)
-def _sqdist(x, i, c):
-    s = np.float32(0.0)
-    for d in range(x.shape[1]):
-        t = x[i, d] - x[c, d]
-        s += t * t
-    return s
-
-
-@numba.njit(**_JIT)
-def _seed(x, first, uniforms, out):
-    n = x.shape[0]
-    closest = np.empty(n, dtype=np.float64)
-    cum = np.empty(n, dtype=np.float64)
-    c = first
-    out[0] = c
-    for i in range(n):
-        closest[i] = _sqdist(x, i, c)
-    for j in range(1, len(out)):
-        total = 0.0
-        for i in range(n):
-            total += closest[i]
-            cum[i] = total
-        r = uniforms[j - 1] * total
-        lo, hi = 0, n
-        while lo < hi:       # the first i with cum[i] >= r
-            mid = (lo + hi) // 2
-            if cum[mid] < r:
-                lo = mid + 1
-            else:
-                hi = mid
-        c = min(lo, n - 1)
-        out[j] = c
-        for i in range(n):
-            s = _sqdist(x, i, c)
-            if s < closest[i]:
-                closest[i] = s
+@numba.njit(**{**_JIT, "fastmath": True})   # (the dot products vectorize)
+def _distances_to(x, norms, c, out):
+    # Squared distances of every row to row c as scikit-learn's float32 path
+    # computes them: in float64, |x|^2 + |c|^2 - 2 x.c, stored as float32, >= 0.
+    for i in range(x.shape[0]):
+        dot = 0.0
+        for d in range(x.shape[1]):
+            dot += np.float64(x[i, d]) * np.float64(x[c, d])
+        v = np.float32(-2.0 * dot + norms[c] + norms[i])
+        out[i] = v if v > 0 else np.float32(0.0)
 
 
 def kmeans_plusplus(x: np.ndarray, n_centres: int, seed: int) -> np.ndarray:
     """Indices of ``n_centres`` k-means++ seeds among the rows of ``x`` (one trial each).
 
-    The first seed is a uniform draw; each next one is drawn with probability
-    proportional to a row's squared distance (summed in float32) to its nearest seed so
-    far: the first row whose running sum of those distances reaches a uniform
-    share of their total. The draws come from ``numpy.random.default_rng(seed)``.
+    The seeds scikit-learn's ``kmeans_plusplus(x, n_centres, random_state=seed,
+    n_local_trials=1)`` picks, at a fraction of its cost: the same draws
+    (``RandomState(seed)``: a ``choice`` of the first row, then a ``uniform``
+    share of the potential per centre), the same float32 distances and the
+    same numpy reductions over them; only the distance products are compiled
+    (their float64 sums may differ in the last bits from BLAS's, which could,
+    rarely, move a draw to a neighbouring row).
     """
-    n_centres = min(n_centres, len(x))
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    n = len(x)
+    n_centres = min(n_centres, n)
     out = np.empty(n_centres, dtype=np.int64)
-    if n_centres:
-        rng = np.random.default_rng(seed)
-        first = int(rng.integers(len(x)))
-        _seed(np.ascontiguousarray(x, dtype=np.float32), first, rng.random(n_centres - 1), out)
+    if not n_centres:
+        return out
+    rs = np.random.RandomState(seed)
+    weight = np.ones(n, dtype=np.float32)
+    norms = np.einsum("ij,ij->i", x.astype(np.float64), x.astype(np.float64))
+    out[0] = rs.choice(n, p=weight / weight.sum())
+    closest = np.empty((1, n), dtype=np.float32)
+    _distances_to(x, norms, int(out[0]), closest[0])
+    pot = closest @ weight
+    column = weight.reshape(-1, 1)
+    candidate = np.empty((1, n), dtype=np.float32)
+    for j in range(1, n_centres):
+        r = rs.uniform(size=1) * pot
+        c = min(int(np.searchsorted(np.cumsum(weight * closest[0]), r)[0]), n - 1)
+        out[j] = c
+        _distances_to(x, norms, c, candidate[0])
+        np.minimum(closest, candidate, out=candidate)
+        pot = (candidate @ column)[0]
+        closest, candidate = candidate, closest
     return out

@@ -147,17 +147,17 @@ def test_compiled_kernels_are_cached_on_disk(tmp_path):
 
 
 def _reference_seeds(x, n_centres, seed):
-    """k-means++ with one trial a centre, in plain numpy, from the same draws."""
-    rng = np.random.default_rng(seed)
-    out = [int(rng.integers(len(x)))]
-    uniforms = rng.random(n_centres - 1)
-    x = x.astype(np.float64)
-    closest = ((x - x[out[0]]) ** 2).sum(axis=1)
-    for u in uniforms:
-        cum = np.cumsum(closest)
-        c = min(int(np.searchsorted(cum, u * cum[-1], side="left")), len(x) - 1)
+    """k-means++ with one trial a centre in plain numpy: RandomState draws, float32
+    squared distances, the first row whose running sum reaches the draw."""
+    rs = np.random.RandomState(seed)
+    out = [int(rs.choice(len(x), p=np.full(len(x), 1.0 / len(x))))]
+    x64 = x.astype(np.float64)
+    closest = ((x64 - x64[out[0]]) ** 2).sum(axis=1).astype(np.float32)
+    for _ in range(n_centres - 1):
+        r = rs.uniform() * closest.sum()
+        c = min(int(np.searchsorted(np.cumsum(closest), r)), len(x) - 1)
         out.append(c)
-        closest = np.minimum(closest, ((x - x[c]) ** 2).sum(axis=1))
+        closest = np.minimum(closest, ((x64 - x64[c]) ** 2).sum(axis=1).astype(np.float32))
     return np.array(out)
 
 
@@ -168,6 +168,14 @@ def test_kmeans_plusplus_matches_numpy(n, dim, n_centres, seed):
     x = np.random.default_rng(seed).integers(-3, 4, (n, dim)).astype(np.float32)
     got = kernels.kmeans_plusplus(x, n_centres, seed)
     np.testing.assert_array_equal(got, _reference_seeds(x, min(n_centres, n), seed))
+
+
+def test_kmeans_plusplus_picks_scikit_learns_seeds():
+    from sklearn.cluster import kmeans_plusplus
+
+    x = np.random.default_rng(4).normal(size=(3000, 24)).astype(np.float32)
+    _, want = kmeans_plusplus(x, 150, random_state=0, n_local_trials=1)
+    np.testing.assert_array_equal(kernels.kmeans_plusplus(x, 150, 0), want)
 
 
 @pytest.mark.parametrize("metric", ["l2", "cosine", "dot"])
