@@ -1,9 +1,12 @@
 """Batched IVF search over superfiles: probe cells, score codes, rerank exactly.
 
 Queries are processed together: for each superfile, every probed cell (or
-fine run) is decoded once and scored against all the queries that probe it
-with one matrix product; each query keeps its best SQ8 candidates, which are
-then reranked exactly with the fp32 vectors read from the Parquet data.
+fine run) is decoded once and scored against all the queries that probe it;
+each query keeps its best SQ8 candidates, which are then reranked exactly
+with the fp32 vectors read from the Parquet data. Unfiltered searches score
+every run in one compiled call (:func:`kernels.scan_topk`: the top kept
+inside it, the GIL released); filtered ones, and cells with replicas, run by
+run with one matrix product each (``COMPILED_SCAN`` turns the compiled scan off).
 
 Probing is adaptive per query (:func:`vector_search` with ``bounds``): a
 query first scores its nearest cell, which gives it an exact k-th distance;
