@@ -1,11 +1,11 @@
 """Compiled kernels (numba) for the search's cell scans and 1-bit shortlists.
 
 Each kernel is compiled once per machine and kept on disk (``cache=True``):
-numba writes next to this file when the package folder is writable, else
-under ``NUMBA_CACHE_DIR``, which is set here, when the caller has not set it,
-to a user cache folder (``~/.cache/beam-supertable/numba``) or, when that
-cannot be written either, to one under the temporary folder. A fresh worker
-therefore compiles at most once; later processes load the machine code.
+under ``NUMBA_CACHE_DIR`` when the caller set it; else next to this file when
+the package folder is writable; else ``NUMBA_CACHE_DIR`` is set here to a
+user cache folder (``~/.cache/beam-supertable/numba``) or, when that cannot be
+written either, to one under the temporary folder (:func:`cache_folder`). A
+fresh worker therefore compiles once; later processes load the machine code.
 
 Kernels release the GIL (``nogil``): the search's thread pool runs one per
 core. They do not start threads of their own (numba's ``parallel`` layer
