@@ -17,6 +17,8 @@ may not be entered from several threads at once).
   call: no score block is ever materialized.
 - :func:`hamming_topk`: each query's ``keep`` nearest packed 1-bit codes,
   ties going to the lower entry.
+- :func:`kmeans_plusplus`: the grid training's seeds, scikit-learn's picks
+  with the distance passes compiled.
 """
 
 from __future__ import annotations
