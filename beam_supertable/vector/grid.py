@@ -47,17 +47,19 @@ def train(vectors: np.ndarray, n_cells: int, metric: str) -> np.ndarray:
     rng = np.random.default_rng(SEED)
     size = min(len(x), max(n_cells * SAMPLE_PER_CELL, MIN_SAMPLE), MAX_SAMPLE)
     sample = x[rng.choice(len(x), size, replace=False)] if size < len(x) else x
-    # k-means++ (one local trial per centre) on a smaller sample: its loop over
-    # centres is sequential and dominated training; Lloyd's iterations on the
+    # k-means++ (one local trial per centre, compiled) on a smaller sample: its
+    # loop over centres is sequential and dominated training; Lloyd's iterations on the
     # full sample then refine the seeds.
     # Small trainings (a few seconds' worth at most) seed from the whole
     # sample and iterate longer: a better grid probes fewer cells.
     small = len(sample) * n_cells <= SMALL_TRAINING
     m = len(sample) if small else max(n_cells, min(len(sample), n_cells * INIT_SAMPLE_PER_CELL))
     seeds = sample[np.sort(rng.choice(len(sample), m, replace=False))] if m < len(sample) else sample
-    from sklearn.cluster import KMeans, kmeans_plusplus  # (slow import: on use)
+    from sklearn.cluster import KMeans  # (slow import: on use)
 
-    init, _ = kmeans_plusplus(seeds, n_cells, random_state=SEED, n_local_trials=1)
+    from beam_supertable.vector import kernels   # (numba: imported on first use)
+
+    init = seeds[kernels.kmeans_plusplus(seeds, n_cells, SEED)]
     km = KMeans(n_clusters=n_cells, init=init, n_init=1, random_state=SEED,
                 max_iter=KMEANS_ITERATIONS_SMALL if small else KMEANS_ITERATIONS).fit(sample)
     centroids = km.cluster_centers_.astype(np.float32)

@@ -1,9 +1,12 @@
 """Batched IVF search over superfiles: probe cells, score codes, rerank exactly.
 
 Queries are processed together: for each superfile, every probed cell (or
-fine run) is decoded once and scored against all the queries that probe it
-with one matrix product; each query keeps its best SQ8 candidates, which are
-then reranked exactly with the fp32 vectors read from the Parquet data.
+fine run) is decoded once and scored against all the queries that probe it;
+each query keeps its best SQ8 candidates, which are then reranked exactly
+with the fp32 vectors read from the Parquet data. Unfiltered searches score
+every run in one compiled call (:func:`kernels.scan_topk`: the top kept
+inside it, the GIL released); filtered ones, and cells with replicas, run by
+run with one matrix product each (``COMPILED_SCAN`` turns the compiled scan off).
 
 Probing is adaptive per query (:func:`vector_search` with ``bounds``): a
 query first scores its nearest cell, which gives it an exact k-th distance;
@@ -42,6 +45,7 @@ SHORTLIST_SHARE = 0.25
 FINE_PROBE_SHARE = 0.5
 PARALLEL_MIN_QUERIES = 16        # smaller batches run inline: threads cost more than they save
 FIRST_PROBES = 1                 # cells every query scores before bounds may skip the rest
+COMPILED_SCAN = True             # unfiltered runs scan in one compiled call (kernels.scan_topk)
 
 
 def check_probe_args(where: str, nprobe, recall_target) -> None:
@@ -146,12 +150,9 @@ def _shortlist(index: VectorIndex, run, queries: np.ndarray, qs: np.ndarray, kee
     center = index.fine_centroids()[fine]
     bits = index.bits(start, stop)
     qbits = codes.bits_encode(queries[qs] - center)
-    keep = min(keep, stop - start)
-    out = np.empty((len(qs), keep), dtype=np.int64)
-    for j in range(len(qs)):
-        ham = codes.hamming(qbits[j], bits)
-        out[j] = np.argpartition(ham, keep - 1)[:keep]
-    return out
+    from beam_supertable.vector import kernels   # (numba: imported on first use)
+
+    return kernels.hamming_topk(qbits, bits, keep)
 
 
 def scores(queries: np.ndarray, columns: np.ndarray) -> np.ndarray:
@@ -209,6 +210,13 @@ def _search_superfile(index: VectorIndex, queries: np.ndarray, probes: np.ndarra
         index.load_codes([(run[0], run[1]) for run, _, _, _ in runs])
     depth = k if exact else k * RERANK_PER_K
     warm = index.scoring_store() if exact else None   # every run loaded: no per-run checks
+    if COMPILED_SCAN and allowed is None and not index.has_replicas \
+            and all(r[1] - r[0] <= SHORTLIST_MIN_ENTRIES for r, _, _, _ in runs):
+        found = _scan_compiled(index, augmented, runs, depth, warm)
+        if found is not None:
+            out = _select(index, queries, *found, k, depth, exact, metric)
+            index.promote()
+            return out
     cut = np.full(n_q, np.inf, dtype=np.float32)
     blocks, owners, firsts, widths = [], [], [], []
     for run, qs, lead, n_lead in runs:
@@ -266,6 +274,38 @@ def _search_superfile(index: VectorIndex, queries: np.ndarray, probes: np.ndarra
     out = _select(index, queries, cq, cd, cr, k, depth, exact, metric)
     index.promote()
     return out
+
+
+def _scan_compiled(index: VectorIndex, augmented: np.ndarray, runs, depth: int,
+                   warm: Optional[np.ndarray]):
+    """Every query's ``depth`` best (query, score, entry) over its runs, by the compiled
+    scan (:func:`kernels.scan_topk`): one call for all runs and queries, the top
+    kept inside it. None when the stores were replaced while the runs loaded
+    (the handle's budget filled up): the caller then scores run by run.
+    """
+    store = warm if warm is not None else index.scoring_store()
+    starts, stops, qids = [], [], []
+    for run, qs, _, _ in runs:
+        start, stop, _ = run
+        if stop <= start:
+            continue
+        if warm is None:
+            index.scoring_rows(start, stop)    # loads the run (and counts its scoring)
+        starts.append(start)
+        stops.append(stop)
+        qids.append(qs)
+    if warm is None and index.scoring_store() is not store:
+        return None
+    n_q = len(augmented)
+    if not starts:
+        return np.empty(0, np.int64), np.empty(0, np.float32), np.empty(0, np.int64)
+    qptr = np.concatenate([[0], np.cumsum([len(q) for q in qids])])
+    from beam_supertable.vector import kernels   # (numba: imported on first use)
+
+    scored, entries, counts = kernels.scan_topk(augmented, store, np.asarray(starts), np.asarray(stops),
+                                                qptr, np.concatenate(qids), depth)
+    filled = np.arange(depth)[None, :] < counts[:, None]
+    return np.repeat(np.arange(n_q), counts), scored[filled], entries[filled]
 
 
 class _Flat:
