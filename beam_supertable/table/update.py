@@ -132,7 +132,7 @@ def restore(table: Any, version: int, *, metadata: Optional[Dict[str, Any]] = No
 
     def plan(base: Snapshot) -> Plan:
         entries = base.entries()
-        same_schema = base.schema == old.schema
+        same_schema = same_columns(base.schema, old.schema)
         if same_schema:
             ids = _ids(table, base, entries)
             now_ids = ids[0] if ids[0].size else np.zeros(0, np.int64)
@@ -148,10 +148,16 @@ def restore(table: Any, version: int, *, metadata: Optional[Dict[str, Any]] = No
         return Plan(base.version, written, again, removed_of(entries, which, pos),
                     (int(back.sum()), 0, len(which)))
 
-    schema_change = table.schema != old.schema
+    schema_change = not same_columns(table.schema, old.schema)
     if not schema_change:
         return run_planned(table, "restore", plan, max_retries=max_retries, metadata=meta).version
     return _restore_schema(table, old, old_user, plan(table._manifest.load()), meta, max_retries)
+
+
+def same_columns(a: pa.Schema, b: pa.Schema) -> bool:
+    """Whether two schemas hold the same columns: names, types and field ids (a
+    column dropped and added again under its name and type is another column)."""
+    return a.remove_metadata().equals(b.remove_metadata(), check_metadata=True)
 
 
 def _ids(table: Any, base: Snapshot, entries):

@@ -165,3 +165,15 @@ def test_restore_brings_back_the_old_schema_with_its_rows(tmp_path):
         {"k": 5, "w": "x"}]
     t.upsert(as_table([(2, 20, 1)]))                 # the keys hold: one live row per key
     assert rows_of(t) == [(1, 1, 0), (2, 20, 1)]
+
+
+def test_restore_across_a_dropped_and_added_again_column_brings_its_values_back():
+    # The schema after the drop and the add has the same names and types as
+    # the restored version's; only the field id of "ts" differs.
+    t = Supertable.create(_uri(), SCHEMA, primary_key="k")
+    t.append(as_table([(1, 1, 5), (2, 2, 6)]))
+    t.drop_columns("ts")
+    t.add_columns(pa.field("ts", pa.int64()))
+    assert rows_of(t) == [(1, 1, None), (2, 2, None)]
+    t.restore(1)
+    assert rows_of(t) == rows_of(t.checkout(1)) == [(1, 1, 5), (2, 2, 6)]
