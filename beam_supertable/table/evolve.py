@@ -17,8 +17,10 @@ import pyarrow as pa
 from beam_supertable.errors import SchemaMismatchError
 from beam_supertable.format import fields
 from beam_supertable.format.manifest import DEFAULT_MAX_RETRIES, CommitRequest, Snapshot
-from beam_supertable.format.schema import ID, to_table
+from beam_supertable.format.keys import KeyBatch
+from beam_supertable.format.schema import ID, conform, to_table
 from beam_supertable.iceberg import metadata as iceberg_meta
+from beam_supertable.table.mutation import Mutation
 
 Supertable = Any   # the handle (table/supertable.py imports this module)
 
@@ -235,9 +237,14 @@ def check_schema_mode(schema_mode: str) -> str:
     return schema_mode
 
 
-def merge_input(table: Supertable, data, *, max_retries: int = DEFAULT_MAX_RETRIES):
+def merge_input(table: Supertable, data, *, max_retries: int = DEFAULT_MAX_RETRIES,
+                operation: Optional[str] = None, token: Optional[str] = None):
     """``schema_mode="merge"``: adds the columns of ``data`` the table lacks (one
     schema commit; the handle moves to it) and returns ``data`` as an Arrow table.
+
+    With ``operation`` (``"append"``, ``"upsert"``: ``data`` is the whole write),
+    the rows are first checked against the schema they will meet (types, nulls,
+    vectors, a key given twice), so a write refused for its rows adds no column.
 
     Raises:
         SchemaMismatchError: a new column holding only nulls (no type to give it),
@@ -256,5 +263,22 @@ def merge_input(table: Supertable, data, *, max_retries: int = DEFAULT_MAX_RETRI
                 f"{table.uri}: column {f.name!r} holds only nulls: its type cannot be inferred; "
                 "add it first with add_columns")
     new = [pa.field(f.name, f.type, nullable=True) for f in extra]
+    if operation is not None:
+        _check_rows(table, rows, new, operation, token)
     _commit(table, "add_columns", missing_columns(table, new, existing_ok=True), max_retries)
     return rows
+
+
+def _check_rows(table: Supertable, rows: pa.Table, new: List[pa.Field], operation: str,
+                token: Optional[str]) -> None:
+    """Refuses rows the write would refuse once ``new`` columns are added (an
+    append's keys already live too, as the append itself checks them)."""
+    vp = table.properties.get("vector")
+    target = pa.schema(list(table.user_schema) + new)
+    conformed = conform(table.uri, rows, target, vp["column"] if vp else None)
+    if table.primary_key:
+        keys = KeyBatch(conformed, table.primary_key)
+        keys.check_unique(table.uri, operation)
+        if operation == "append" and token is None and len(keys):
+            Mutation(table, operation, keys=keys, refuse_live=True,
+                     base_version=table.version).request(table.snapshot)

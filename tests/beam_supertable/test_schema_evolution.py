@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from beam_supertable import (
-    SchemaMismatchError, Supertable, UpsertToSupertable, VersionNotFoundError, WriteToSupertable)
+    DuplicateKeyError, SchemaMismatchError, Supertable, UpsertToSupertable, VersionNotFoundError,
+    WriteToSupertable)
 from beam_supertable.format import fields
 from beam_supertable.iceberg.schema import iceberg_schema
 from beam_upsert import UpsertCommand
@@ -253,6 +254,21 @@ def test_schema_mode_merge_on_append_and_upsert(tmp_path):
         t.append([{"k": 3}], schema_mode="loose")
     assert t.append([{"k": 3, "extra": 1}], schema_mode="merge") == t.version
     assert t.schema.field("extra").type == pa.int64()
+
+
+@pytest.mark.parametrize("verb,rows,error", [
+    ("upsert", [{"k": 2, "v": "two", "unit": "C"}], "column 'v'"),
+    ("upsert", [{"k": None, "unit": "C"}], "column 'k'"),
+    ("upsert", [{"k": 3, "unit": "C"}, {"k": 3, "unit": "F"}], "k=3"),
+    ("append", [{"k": 1, "unit": "C"}], "k=1"),
+])
+def test_schema_mode_merge_refusing_the_rows_adds_no_column(tmp_path, verb, rows, error):
+    t = _keyed(tmp_path)
+    t.upsert([{"k": 1, "v": 1}])
+    with pytest.raises((SchemaMismatchError, DuplicateKeyError), match=error):
+        getattr(t, verb)(rows, schema_mode="merge")
+    again = Supertable.open(t.uri)
+    assert again.version == 1 and "unit" not in again.schema.names
 
 
 def test_racing_writers_add_columns_and_lose_nothing(tmp_path):
