@@ -177,3 +177,16 @@ def test_restore_across_a_dropped_and_added_again_column_brings_its_values_back(
     assert rows_of(t) == [(1, 1, None), (2, 2, None)]
     t.restore(1)
     assert rows_of(t) == rows_of(t.checkout(1)) == [(1, 1, 5), (2, 2, 6)]
+
+
+def test_the_feed_over_a_restore_that_narrows_a_column_refuses_naming_the_version():
+    t = Supertable.create(_uri(), pa.schema([("k", pa.int64()), ("v", pa.int32())]),
+                          primary_key="k")
+    t.append(pa.table({"k": [1], "v": pa.array([1], pa.int32())}))     # version 1
+    t.alter_column("v", pa.int64())
+    t.upsert(pa.table({"k": [2], "v": [2**40]}))                       # version 3
+    t.restore(1)                                                        # v is int32 again
+    assert t.to_arrow(columns=["k", "v"]).to_pylist() == [{"k": 1, "v": 1}]
+    with pytest.raises(SchemaMismatchError, match=r"version 4 .*column 'v'"):
+        t.changes(3, 4)
+    assert t.changes(2, 3).column("v").to_pylist() == [2**40]
