@@ -47,6 +47,9 @@ def widens(old: pa.DataType, new: pa.DataType) -> bool:
 def as_fields(given: Union[pa.Field, pa.Schema, Sequence[pa.Field]]) -> List[pa.Field]:
     if isinstance(given, pa.Field):
         return [given]
+    if isinstance(given, (str, bytes, dict)) or not hasattr(given, "__iter__"):
+        raise TypeError(f"add_columns takes a pyarrow Field, a list of them or a Schema, "
+                        f"got {type(given).__name__}")
     out = list(given)
     bad = [type(f).__name__ for f in out if not isinstance(f, pa.Field)]
     if bad:
@@ -172,9 +175,17 @@ def add_columns(table: Supertable, given, *, max_retries: int = DEFAULT_MAX_RETR
 
 def drop_columns(table: Supertable, names: Union[str, Sequence[str]], *,
                  max_retries: int = DEFAULT_MAX_RETRIES) -> int:
-    wanted = [names] if isinstance(names, str) else list(names)
+    wanted = [names] if isinstance(names, str) else \
+        list(names) if isinstance(names, (list, tuple, set, frozenset)) else None
+    if wanted is None or not all(isinstance(n, str) for n in wanted):
+        raise TypeError(f"{table.uri}: drop_columns takes a column name or a list of names, "
+                        f"got {names!r}")
     if not wanted:
-        raise ValueError("drop_columns: no column named")
+        raise ValueError(f"{table.uri}: drop_columns: no column named")
+    twice = [n for n in dict.fromkeys(wanted) if wanted.count(n) > 1]
+    if twice:
+        raise SchemaMismatchError(f"{table.uri}: drop_columns: column {twice[0]!r} is given "
+                                  "twice")
 
     def change(base: Snapshot):
         for name in wanted:
@@ -208,8 +219,8 @@ def rename_column(table: Supertable, old: str, new: str, *,
 def alter_column(table: Supertable, name: str, new_type: pa.DataType, *,
                  max_retries: int = DEFAULT_MAX_RETRIES) -> int:
     if not isinstance(new_type, pa.DataType):
-        raise TypeError(f"alter_column: the type is a pyarrow DataType, got "
-                        f"{type(new_type).__name__}")
+        raise TypeError(f"{table.uri}: alter_column: column {name!r}: the type is a pyarrow "
+                        f"DataType such as pa.int64(), got {new_type!r}")
 
     def change(base: Snapshot):
         field = _column(table.uri, base.schema, name, base, "alter_column")

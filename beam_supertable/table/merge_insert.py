@@ -175,7 +175,11 @@ def removed_of(entries: Sequence[dict], which: np.ndarray, pos: np.ndarray) -> R
 def _names(on: Union[str, Sequence[str], None]) -> Optional[List[str]]:
     if on is None:
         return None
-    return [on] if isinstance(on, str) else list(on)
+    if isinstance(on, str):
+        return [on]
+    if not isinstance(on, (list, tuple)) or not all(isinstance(c, str) for c in on):
+        raise TypeError(f"merge_insert: on= takes a column name or a list of names, got {on!r}")
+    return list(on)
 
 
 def _check_expression(uri: str, where: Any, what: str) -> Optional[pc.Expression]:

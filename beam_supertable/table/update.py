@@ -45,6 +45,9 @@ def update(table: Any, where: Optional[pc.Expression], values: Mapping[str, Any]
     uri = table.uri
     if where is not None and not isinstance(where, pc.Expression):
         raise TypeError(f"{uri}: update where= takes a pyarrow expression or None, got {where!r}")
+    if not isinstance(values, Mapping):
+        raise TypeError(f"{uri}: update values= takes a dict {{column: value or expression}}, "
+                        f"got {type(values).__name__}")
     if not values:
         raise ValueError(f"{uri}: update needs values={{column: value}}; none were given")
     schema = table.user_schema

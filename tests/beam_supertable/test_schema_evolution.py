@@ -497,3 +497,18 @@ def test_cli_inspect_prints_the_schema_history(tmp_path):
     assert "  schema      k int64 (id 2), v int32 (id 3), u string (id 5); last column id 5" \
         in out
     assert "version 1: add u string" in out and "version 2: drop s" in out
+
+
+@pytest.mark.parametrize("call, error, words", [
+    (lambda t: t.drop_columns(None), TypeError, "drop_columns takes a column name"),
+    (lambda t: t.drop_columns(["v", "v"]), SchemaMismatchError, "'v' is given twice"),
+    (lambda t: t.alter_column("v", "int64"), TypeError, "column 'v'"),
+    (lambda t: t.add_columns({"u": pa.string()}), TypeError, "got dict"),
+    (lambda t: t.merge_insert(5), TypeError, "on= takes a column name"),
+    (lambda t: t.update(None, [("v", 1)]), TypeError, "values= takes a dict"),
+])
+def test_wrong_argument_shapes_are_one_line(tmp_path, call, error, words):
+    t = _keyed(tmp_path)
+    with pytest.raises(error, match=words) as err:
+        call(t)
+    assert "\n" not in str(err.value) and t.refresh().version == 0
