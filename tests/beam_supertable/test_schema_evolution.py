@@ -312,6 +312,17 @@ def test_upsert_to_supertable_merges_new_columns(tmp_path, runner):
         {"k": 2, "v": 2, "s": None, "note": None, "unit": "C"}]
 
 
+def test_write_to_supertable_merge_adds_no_column_for_a_row_it_rejects(tmp_path):
+    uri = str(tmp_path / "w")
+    Supertable.create(uri, pa.schema([("a", pa.int64())]))
+    with TestPipeline(runner="DirectRunner") as p:
+        result = (p | beam.Create([{"a": 1, "n": 5}, {"a": "x", "bad": 1}])
+                  | WriteToSupertable(uri, schema_mode="merge").with_invalid_output())
+        assert_that(result.invalid | beam.Map(lambda i: i.element["a"]), equal_to(["x"]))
+    t = Supertable.open(uri)
+    assert t.schema.names == ["_id", "a", "n"] and t.count_rows() == 1
+
+
 @pytest.mark.parametrize("runner", RUNNERS)
 @pytest.mark.parametrize("exists", [True, False])
 def test_write_to_supertable_merges_new_columns(tmp_path, runner, exists):
