@@ -523,3 +523,19 @@ def test_wrong_argument_shapes_are_one_line(tmp_path, call, error, words):
     with pytest.raises(error, match=words) as err:
         call(t)
     assert "\n" not in str(err.value) and t.refresh().version == 0
+
+
+def test_a_write_from_before_a_drop_and_add_again_loses_no_value_silently(tmp_path):
+    t = _keyed(tmp_path)
+    t.upsert([{"k": 1, "v": 1, "s": "a"}])
+    stale = Supertable.open(t.uri)
+    t.drop_columns("s")
+    t.add_columns(pa.field("s", pa.string()))            # a new column under the old name
+    version = t.version
+    with pytest.raises(SchemaMismatchError, match=r"column 's' .*refresh\(\)"):
+        stale.upsert([{"k": 2, "v": 2, "s": "kept?"}])
+    assert Supertable.open(t.uri).version == version
+    stale.upsert([{"k": 3, "v": 3}])                       # no value of "s": nothing to lose
+    stale.refresh().upsert([{"k": 2, "v": 2, "s": "kept"}])
+    assert t.refresh().to_arrow(columns=["k", "s"]).sort_by("k").to_pylist() == [
+        {"k": 1, "s": None}, {"k": 2, "s": "kept"}, {"k": 3, "s": None}]
