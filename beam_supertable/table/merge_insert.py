@@ -217,6 +217,11 @@ class MergeInsertBuilder:
             raise SchemaMismatchError(
                 f"{table.uri}: merge_insert on={names!r}: column(s) {unknown} are not in the "
                 f"table schema {table.user_schema.names}")
+        nested = [c for c in names if pa.types.is_nested(table.user_schema.field(c).type)]
+        if nested:
+            raise SchemaMismatchError(
+                f"{table.uri}: merge_insert on={names!r}: column {nested[0]!r} is "
+                f"{table.user_schema.field(nested[0]).type}; rows are matched on scalar columns")
         if pk and sorted(names) != sorted(pk):
             raise SchemaMismatchError(
                 f"{table.uri}: merge_insert on={names!r}: a keyed table merges on its primary "
