@@ -928,7 +928,9 @@ class Supertable:
                 (or the consumer's version) removed by ``vacuum`` (the message
                 names the oldest version still readable).
             SchemaMismatchError: an unknown column, a filter the columns cannot
-                evaluate, or a version of the range changed the table's schema.
+                evaluate, an overwrite in the range that gave the table another
+                schema, or a row the schema of the range's end cannot hold (a
+                restore narrowed its column); the message names the version.
         """
         if consumer is not None:
             return feed_consumers.read(self, consumer, start_version, end_version,

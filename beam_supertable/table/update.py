@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from beam_supertable.errors import SchemaMismatchError, VersionNotFoundError
+from beam_supertable.format import fields
 from beam_supertable.format.filters import mask, pruned
 from beam_supertable.format.manifest import DEFAULT_MAX_RETRIES, CommitRequest, Snapshot
 from beam_supertable.format.schema import ID, conform
@@ -191,11 +192,16 @@ def _restore_schema(table: Any, old: Snapshot, old_user: pa.Schema, plan: Plan,
     def rebuild(base: Snapshot) -> Optional[CommitRequest]:
         current = base.entries()
         deleted = sum(len(table._deleted_rows(e, base)) for e in current)
+        # The schema change is part of the table's schema history (inspect shows it).
+        change = f"restore the schema of version {old.version}"
+        history = list(base.properties.get(fields.SCHEMA_HISTORY) or []) + [
+            {"version": base.version + 1, "change": change}]
         return CommitRequest(
             operation="restore", add_entries=tuple(entries),
             remove_entries=tuple(e["id"] for e in current), schema=old.schema,
             allow_schema_change=True, metadata=dict(meta), base_version=base.version,
-            deleted_rows=-deleted, set_properties=dict(stamp))
+            deleted_rows=-deleted, set_properties={**stamp, fields.SCHEMA_HISTORY: history},
+            replace_properties=(fields.SCHEMA_HISTORY,))
 
     first = rebuild(table._manifest.load())
     return table.commit(first, rebuild=rebuild, max_retries=max_retries)

@@ -190,3 +190,12 @@ def test_the_feed_over_a_restore_that_narrows_a_column_refuses_naming_the_versio
     with pytest.raises(SchemaMismatchError, match=r"version 4 .*column 'v'"):
         t.changes(3, 4)
     assert t.changes(2, 3).column("v").to_pylist() == [2**40]
+
+
+def test_a_restore_that_changes_the_schema_is_in_the_schema_history():
+    t = Supertable.create(_uri(), SCHEMA, primary_key="k")
+    t.append(as_table([(1, 1, 0)]))
+    t.add_columns(pa.field("u", pa.string()))
+    t.restore(1)
+    assert t.properties["schema_history"][-1] == {
+        "version": 3, "change": "restore the schema of version 1"}
