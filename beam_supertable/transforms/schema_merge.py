@@ -72,11 +72,19 @@ def widen_for(open_table: Callable[[], Supertable], elements: Iterable[Any],
     # Only rows that fit the widened schema bring columns: a row the writer
     # then refuses (a dead letter) adds nothing to the table.
     target = {f.name: f for f in list(table.user_schema) + list(extra.schema)}
-    extra = _extra_columns([e for e in elements if _fits(e, target)], names)
+    extra = _extra_columns([e for e in elements if _brings(e, names) and _fits(e, target)],
+                           names)
     if extra is None:
         return None
     evolve.merge_input(table, extra)
     return table
+
+
+def _brings(element: Any, names: frozenset) -> bool:
+    """Whether ``element`` has a column not in ``names``."""
+    if isinstance(element, (pa.RecordBatch, pa.Table)):
+        return not names.issuperset(element.schema.names)
+    return isinstance(element, dict) and not names.issuperset(element)
 
 
 def _fits(element: Any, target: dict) -> bool:
