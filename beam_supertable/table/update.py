@@ -44,6 +44,9 @@ def update(table: Any, where: Optional[pc.Expression], values: Mapping[str, Any]
            max_retries: int = DEFAULT_MAX_RETRIES) -> MergeResult:
     """See ``Supertable.update``."""
     uri = table.uri
+    # The rows are rewritten whole: read them with the latest schema, so a
+    # column another writer added since this handle's version keeps its values.
+    table.refresh()
     if where is not None and not isinstance(where, pc.Expression):
         raise TypeError(f"{uri}: update where= takes a pyarrow expression or None, got {where!r}")
     if not isinstance(values, Mapping):
@@ -129,6 +132,7 @@ def restore(table: Any, version: int, *, metadata: Optional[Dict[str, Any]] = No
     except VersionNotFoundError as exc:
         why = str(exc)[len(uri) + 2:] if str(exc).startswith(uri) else str(exc)
         raise VersionNotFoundError(f"{uri}: cannot restore version {version}: {why}") from None
+    table.refresh()   # the schema it replaces is the latest one, not this handle's
     old_handle = table.checkout(old.version)
     old_rows = old_handle.to_arrow()
     old_user = pa.schema([f for f in old.schema if f.name != ID])

@@ -199,3 +199,19 @@ def test_a_restore_that_changes_the_schema_is_in_the_schema_history():
     t.restore(1)
     assert t.properties["schema_history"][-1] == {
         "version": 3, "change": "restore the schema of version 1"}
+
+
+def test_update_and_restore_from_a_handle_older_than_a_schema_change():
+    uri = _uri()
+    t = Supertable.create(uri, SCHEMA, primary_key="k")
+    t.append(as_table([(1, 1, 0), (2, 2, 0)]))
+    stale, other = Supertable.open(uri), Supertable.open(uri)
+    other.add_columns(pa.field("unit", pa.string()))
+    other.upsert(pa.table({"k": [1], "v": [1], "ts": [0], "unit": ["C"]}))
+    stale.update(pc.field("k") == 1, {"v": 10})      # "unit" keeps its value
+    assert Supertable.open(uri).to_arrow(columns=["k", "v", "unit"]).sort_by("k").to_pylist() \
+        == [{"k": 1, "v": 10, "unit": "C"}, {"k": 2, "v": 2, "unit": None}]
+    old = Supertable.open(uri, version=1)
+    old.restore(1)                                    # the schema of version 1 comes back
+    assert Supertable.open(uri).schema.names == ["_id", "k", "v", "ts"]
+    assert rows_of(Supertable.open(uri)) == [(1, 1, 0), (2, 2, 0)]
