@@ -23,6 +23,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import pyarrow as pa
 
+from beam_supertable.errors import SchemaMismatchError
+
 __all__ = ["FIELD_ID", "LAST_COLUMN_ID", "NAME_MAPPING", "Resolution", "SCHEMA_HISTORY",
            "assign_ids", "describe",
            "field_id", "last_column_id", "name_mapping", "resolve", "strip_ids", "with_ids",
@@ -228,6 +230,17 @@ def resolve(reader, res: Resolution):
     return reader if plan.identity else ResolvedReader(reader, plan)
 
 
+def _cast(col, target: pa.Field, name: str):
+    """A column seen under another type; a value the type cannot hold (read
+    across a restore that narrowed the column) is refused naming the column."""
+    try:
+        return col.cast(target.type)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        raise SchemaMismatchError(
+            f"column {name!r}: a value held as {col.type} does not fit {target.type} "
+            f"({str(exc).splitlines()[0]})") from None
+
+
 class ResolvedReader:
     """A superfile reader that speaks the table's current schema (see ``resolve``)."""
 
@@ -263,7 +276,7 @@ class ResolvedReader:
             else:
                 col = table.column(src.name)
                 if not col.type.equals(target.type):
-                    col = col.cast(target.type)
+                    col = _cast(col, target, c)
             arrays.append(col)
             fields.append(target)
         return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=table.schema.metadata))

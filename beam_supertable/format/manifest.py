@@ -316,7 +316,8 @@ class Manifest(TokenIndex, Vacuum):
             base = dataclasses.replace(base, schema=req.schema or base.schema, properties={},
                                        parts=(), deletes={}, totals={})
         schema = base.schema
-        if req.schema is not None and not req.schema.equals(base.schema):
+        if req.schema is not None and not req.schema.remove_metadata().equals(  # ids count
+                base.schema.remove_metadata(), check_metadata=req.allow_schema_change):
             if not req.allow_schema_change:
                 raise SchemaMismatchError(
                     f"{self.store.uri}: commit changes the schema from\n{base.schema}\nto\n"

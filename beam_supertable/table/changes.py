@@ -263,11 +263,18 @@ def read_unit(handle: TableHandle, unit: dict, table_schema: pa.Schema, names: S
                                                     if c not in wanted]
     reader = handle._reader(entry, table_schema)   # by field id, as the range's end names them
     gone = _rows(handle, unit["exclude"])
-    if unit["take"]:
-        rows = np.setdiff1d(_rows(handle, unit["take"]), gone)
-        table = reader.take(rows, read)
-    else:
-        table = reader.read(read)
+    try:
+        if unit["take"]:
+            rows = np.setdiff1d(_rows(handle, unit["take"]), gone)
+            table = reader.take(rows, read)
+        else:
+            table = reader.read(read)
+    except SchemaMismatchError as exc:
+        raise SchemaMismatchError(
+            f"{handle.uri}: changes: a row of version {unit['version']} cannot be given the "
+            f"schema of the range's end: {exc}; end the range before the version that "
+            f"narrowed the column (a restore)") from None
+    if not unit["take"]:
         if len(gone):
             keep = np.ones(table.num_rows, dtype=bool)
             keep[gone] = False

@@ -17,8 +17,10 @@ import pyarrow as pa
 from beam_supertable.errors import SchemaMismatchError
 from beam_supertable.format import fields
 from beam_supertable.format.manifest import DEFAULT_MAX_RETRIES, CommitRequest, Snapshot
-from beam_supertable.format.schema import ID, to_table
+from beam_supertable.format.keys import KeyBatch
+from beam_supertable.format.schema import ID, conform, to_table
 from beam_supertable.iceberg import metadata as iceberg_meta
+from beam_supertable.table.mutation import Mutation
 
 Supertable = Any   # the handle (table/supertable.py imports this module)
 
@@ -45,6 +47,9 @@ def widens(old: pa.DataType, new: pa.DataType) -> bool:
 def as_fields(given: Union[pa.Field, pa.Schema, Sequence[pa.Field]]) -> List[pa.Field]:
     if isinstance(given, pa.Field):
         return [given]
+    if isinstance(given, (str, bytes, dict)) or not hasattr(given, "__iter__"):
+        raise TypeError(f"add_columns takes a pyarrow Field, a list of them or a Schema, "
+                        f"got {type(given).__name__}")
     out = list(given)
     bad = [type(f).__name__ for f in out if not isinstance(f, pa.Field)]
     if bad:
@@ -170,9 +175,17 @@ def add_columns(table: Supertable, given, *, max_retries: int = DEFAULT_MAX_RETR
 
 def drop_columns(table: Supertable, names: Union[str, Sequence[str]], *,
                  max_retries: int = DEFAULT_MAX_RETRIES) -> int:
-    wanted = [names] if isinstance(names, str) else list(names)
+    wanted = [names] if isinstance(names, str) else \
+        list(names) if isinstance(names, (list, tuple, set, frozenset)) else None
+    if wanted is None or not all(isinstance(n, str) for n in wanted):
+        raise TypeError(f"{table.uri}: drop_columns takes a column name or a list of names, "
+                        f"got {names!r}")
     if not wanted:
-        raise ValueError("drop_columns: no column named")
+        raise ValueError(f"{table.uri}: drop_columns: no column named")
+    twice = [n for n in dict.fromkeys(wanted) if wanted.count(n) > 1]
+    if twice:
+        raise SchemaMismatchError(f"{table.uri}: drop_columns: column {twice[0]!r} is given "
+                                  "twice")
 
     def change(base: Snapshot):
         for name in wanted:
@@ -206,8 +219,8 @@ def rename_column(table: Supertable, old: str, new: str, *,
 def alter_column(table: Supertable, name: str, new_type: pa.DataType, *,
                  max_retries: int = DEFAULT_MAX_RETRIES) -> int:
     if not isinstance(new_type, pa.DataType):
-        raise TypeError(f"alter_column: the type is a pyarrow DataType, got "
-                        f"{type(new_type).__name__}")
+        raise TypeError(f"{table.uri}: alter_column: column {name!r}: the type is a pyarrow "
+                        f"DataType such as pa.int64(), got {new_type!r}")
 
     def change(base: Snapshot):
         field = _column(table.uri, base.schema, name, base, "alter_column")
@@ -235,9 +248,14 @@ def check_schema_mode(schema_mode: str) -> str:
     return schema_mode
 
 
-def merge_input(table: Supertable, data, *, max_retries: int = DEFAULT_MAX_RETRIES):
+def merge_input(table: Supertable, data, *, max_retries: int = DEFAULT_MAX_RETRIES,
+                operation: Optional[str] = None, token: Optional[str] = None):
     """``schema_mode="merge"``: adds the columns of ``data`` the table lacks (one
     schema commit; the handle moves to it) and returns ``data`` as an Arrow table.
+
+    With ``operation`` (``"append"``, ``"upsert"``: ``data`` is the whole write),
+    the rows are first checked against the schema they will meet (types, nulls,
+    vectors, a key given twice), so a write refused for its rows adds no column.
 
     Raises:
         SchemaMismatchError: a new column holding only nulls (no type to give it),
@@ -256,5 +274,22 @@ def merge_input(table: Supertable, data, *, max_retries: int = DEFAULT_MAX_RETRI
                 f"{table.uri}: column {f.name!r} holds only nulls: its type cannot be inferred; "
                 "add it first with add_columns")
     new = [pa.field(f.name, f.type, nullable=True) for f in extra]
+    if operation is not None:
+        _check_rows(table, rows, new, operation, token)
     _commit(table, "add_columns", missing_columns(table, new, existing_ok=True), max_retries)
     return rows
+
+
+def _check_rows(table: Supertable, rows: pa.Table, new: List[pa.Field], operation: str,
+                token: Optional[str]) -> None:
+    """Refuses rows the write would refuse once ``new`` columns are added (an
+    append's keys already live too, as the append itself checks them)."""
+    vp = table.properties.get("vector")
+    target = pa.schema(list(table.user_schema) + new)
+    conformed = conform(table.uri, rows, target, vp["column"] if vp else None)
+    if table.primary_key:
+        keys = KeyBatch(conformed, table.primary_key)
+        keys.check_unique(table.uri, operation)
+        if operation == "append" and token is None and len(keys):
+            Mutation(table, operation, keys=keys, refuse_live=True,
+                     base_version=table.version).request(table.snapshot)

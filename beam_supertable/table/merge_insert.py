@@ -175,7 +175,11 @@ def removed_of(entries: Sequence[dict], which: np.ndarray, pos: np.ndarray) -> R
 def _names(on: Union[str, Sequence[str], None]) -> Optional[List[str]]:
     if on is None:
         return None
-    return [on] if isinstance(on, str) else list(on)
+    if isinstance(on, str):
+        return [on]
+    if not isinstance(on, (list, tuple)) or not all(isinstance(c, str) for c in on):
+        raise TypeError(f"merge_insert: on= takes a column name or a list of names, got {on!r}")
+    return list(on)
 
 
 def _check_expression(uri: str, where: Any, what: str) -> Optional[pc.Expression]:
@@ -213,6 +217,11 @@ class MergeInsertBuilder:
             raise SchemaMismatchError(
                 f"{table.uri}: merge_insert on={names!r}: column(s) {unknown} are not in the "
                 f"table schema {table.user_schema.names}")
+        nested = [c for c in names if pa.types.is_nested(table.user_schema.field(c).type)]
+        if nested:
+            raise SchemaMismatchError(
+                f"{table.uri}: merge_insert on={names!r}: column {nested[0]!r} is "
+                f"{table.user_schema.field(nested[0]).type}; rows are matched on scalar columns")
         if pk and sorted(names) != sorted(pk):
             raise SchemaMismatchError(
                 f"{table.uri}: merge_insert on={names!r}: a keyed table merges on its primary "

@@ -442,7 +442,8 @@ class Supertable:
             CommitFailedError: the commit did not land within ``max_retries``.
         """
         if evolve.check_schema_mode(schema_mode) == "merge":
-            data = evolve.merge_input(self, data, max_retries=max_retries)
+            data = evolve.merge_input(self, data, max_retries=max_retries, operation="append",
+                                       token=token)
         return self._writer.write(data, "append", token=token, metadata=metadata,
                                   frontier=frontier, max_retries=max_retries, n_shards=n_shards,
                                   memory_budget_bytes=memory_budget_bytes)
@@ -488,7 +489,8 @@ class Supertable:
                 f"{self.uri}: upsert needs a keyed table; this one has no primary key "
                 f"(create it with primary_key=...), use append")
         if evolve.check_schema_mode(schema_mode) == "merge":
-            data = evolve.merge_input(self, data, max_retries=max_retries)
+            data = evolve.merge_input(self, data, max_retries=max_retries, operation="upsert",
+                                       token=token)
         # The builder's common case (``merge_insert.MergeInsertBuilder``), on its key path.
         return (self.merge_insert().when_matched_update_all().when_not_matched_insert_all()
                 .execute(data, token=token, metadata=metadata, frontier=frontier,
@@ -927,7 +929,9 @@ class Supertable:
                 (or the consumer's version) removed by ``vacuum`` (the message
                 names the oldest version still readable).
             SchemaMismatchError: an unknown column, a filter the columns cannot
-                evaluate, or a version of the range changed the table's schema.
+                evaluate, an overwrite in the range that gave the table another
+                schema, or a row the schema of the range's end cannot hold (a
+                restore narrowed its column); the message names the version.
         """
         if consumer is not None:
             return feed_consumers.read(self, consumer, start_version, end_version,

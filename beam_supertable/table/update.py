@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from beam_supertable.errors import SchemaMismatchError, VersionNotFoundError
+from beam_supertable.format import fields
 from beam_supertable.format.filters import mask, pruned
 from beam_supertable.format.manifest import DEFAULT_MAX_RETRIES, CommitRequest, Snapshot
 from beam_supertable.format.schema import ID, conform
@@ -43,8 +44,14 @@ def update(table: Any, where: Optional[pc.Expression], values: Mapping[str, Any]
            max_retries: int = DEFAULT_MAX_RETRIES) -> MergeResult:
     """See ``Supertable.update``."""
     uri = table.uri
+    # The rows are rewritten whole: read them with the latest schema, so a
+    # column another writer added since this handle's version keeps its values.
+    table.refresh()
     if where is not None and not isinstance(where, pc.Expression):
         raise TypeError(f"{uri}: update where= takes a pyarrow expression or None, got {where!r}")
+    if not isinstance(values, Mapping):
+        raise TypeError(f"{uri}: update values= takes a dict {{column: value or expression}}, "
+                        f"got {type(values).__name__}")
     if not values:
         raise ValueError(f"{uri}: update needs values={{column: value}}; none were given")
     schema = table.user_schema
@@ -125,6 +132,7 @@ def restore(table: Any, version: int, *, metadata: Optional[Dict[str, Any]] = No
     except VersionNotFoundError as exc:
         why = str(exc)[len(uri) + 2:] if str(exc).startswith(uri) else str(exc)
         raise VersionNotFoundError(f"{uri}: cannot restore version {version}: {why}") from None
+    table.refresh()   # the schema it replaces is the latest one, not this handle's
     old_handle = table.checkout(old.version)
     old_rows = old_handle.to_arrow()
     old_user = pa.schema([f for f in old.schema if f.name != ID])
@@ -132,7 +140,7 @@ def restore(table: Any, version: int, *, metadata: Optional[Dict[str, Any]] = No
 
     def plan(base: Snapshot) -> Plan:
         entries = base.entries()
-        same_schema = base.schema == old.schema
+        same_schema = same_columns(base.schema, old.schema)
         if same_schema:
             ids = _ids(table, base, entries)
             now_ids = ids[0] if ids[0].size else np.zeros(0, np.int64)
@@ -148,10 +156,16 @@ def restore(table: Any, version: int, *, metadata: Optional[Dict[str, Any]] = No
         return Plan(base.version, written, again, removed_of(entries, which, pos),
                     (int(back.sum()), 0, len(which)))
 
-    schema_change = table.schema != old.schema
+    schema_change = not same_columns(table.schema, old.schema)
     if not schema_change:
         return run_planned(table, "restore", plan, max_retries=max_retries, metadata=meta).version
     return _restore_schema(table, old, old_user, plan(table._manifest.load()), meta, max_retries)
+
+
+def same_columns(a: pa.Schema, b: pa.Schema) -> bool:
+    """Whether two schemas hold the same columns: names, types and field ids (a
+    column dropped and added again under its name and type is another column)."""
+    return a.remove_metadata().equals(b.remove_metadata(), check_metadata=True)
 
 
 def _ids(table: Any, base: Snapshot, entries):
@@ -182,11 +196,16 @@ def _restore_schema(table: Any, old: Snapshot, old_user: pa.Schema, plan: Plan,
     def rebuild(base: Snapshot) -> Optional[CommitRequest]:
         current = base.entries()
         deleted = sum(len(table._deleted_rows(e, base)) for e in current)
+        # The schema change is part of the table's schema history (inspect shows it).
+        change = f"restore the schema of version {old.version}"
+        history = list(base.properties.get(fields.SCHEMA_HISTORY) or []) + [
+            {"version": base.version + 1, "change": change}]
         return CommitRequest(
             operation="restore", add_entries=tuple(entries),
             remove_entries=tuple(e["id"] for e in current), schema=old.schema,
             allow_schema_change=True, metadata=dict(meta), base_version=base.version,
-            deleted_rows=-deleted, set_properties=dict(stamp))
+            deleted_rows=-deleted, set_properties={**stamp, fields.SCHEMA_HISTORY: history},
+            replace_properties=(fields.SCHEMA_HISTORY,))
 
     first = rebuild(table._manifest.load())
     return table.commit(first, rebuild=rebuild, max_retries=max_retries)

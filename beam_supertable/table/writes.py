@@ -10,7 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from beam_supertable.errors import MemoryBudgetError
+from beam_supertable.errors import MemoryBudgetError, SchemaMismatchError
+from beam_supertable.format.fields import field_id
 from beam_supertable.format.keys import KeyBatch
 from beam_supertable.format.manifest import DEFAULT_MAX_RETRIES, CommitRequest, Snapshot
 from beam_supertable.format.schema import Data, conform
@@ -114,7 +115,10 @@ class Writer:
             self.table._store, self.table.layout(),
             lambda entry: self.table.read_superfile(entry, self.table.schema.names), entries, grids)
 
+        written_with = self.table.schema
+
         def rebuild(base: Snapshot) -> Optional[CommitRequest]:
+            _check_columns_held(self.table.uri, written_with, base, entries)
             stamp, ready = agreement.on(base)
             return mutation.request(base, entries=ready, stamp=stamp)
 
@@ -160,3 +164,24 @@ class Writer:
         return dataclasses.replace(
             request, set_properties={**request.set_properties, calibrate.LAW_PROPERTY: doc},
             replace_properties=tuple(request.replace_properties) + (calibrate.LAW_PROPERTY,))
+
+
+def _check_columns_held(uri: str, written_with: pa.Schema, base: Snapshot,
+                        entries: Sequence[dict]) -> None:
+    """Refuses superfiles holding values of a column the base no longer has
+    under the field id they were written with (dropped, or dropped and added
+    again, by a concurrent writer): committed, those values would be lost."""
+    if written_with is base.schema or not entries:
+        return
+    held = {field_id(f) for f in base.schema}
+    for f in written_with:
+        fid = field_id(f)
+        if fid is None or fid in held:
+            continue
+        if any((e.get("field_ids") or {}).get(f.name) == fid
+               and (e.get("null_counts") or {}).get(f.name, e["rows"]) < e["rows"]
+               for e in entries):
+            raise SchemaMismatchError(
+                f"{uri}: column {f.name!r} (field id {fid}) holds values in this write, but "
+                f"the table at version {base.version} no longer has it (a concurrent schema "
+                "change dropped it); nothing was committed: refresh() and write again")

@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterable, List, Optional
 import pyarrow as pa
 
 from beam_supertable.errors import SchemaMismatchError
+from beam_supertable.format.schema import to_table
 from beam_supertable.table import evolve
 from beam_supertable.table.supertable import Supertable
 
@@ -68,8 +69,42 @@ def widen_for(open_table: Callable[[], Supertable], elements: Iterable[Any],
     if extra is None:
         return None
     table = open_table()
+    # Only rows that fit the widened schema bring columns: a row the writer
+    # then refuses (a dead letter) adds nothing to the table.
+    target = {f.name: f for f in list(table.user_schema) + list(extra.schema)}
+    extra = _extra_columns([e for e in elements if _brings(e, names) and _fits(e, target)],
+                           names)
+    if extra is None:
+        return None
     evolve.merge_input(table, extra)
     return table
+
+
+def _brings(element: Any, names: frozenset) -> bool:
+    """Whether ``element`` has a column not in ``names``."""
+    if isinstance(element, (pa.RecordBatch, pa.Table)):
+        return not names.issuperset(element.schema.names)
+    return isinstance(element, dict) and not names.issuperset(element)
+
+
+def _fits(element: Any, target: dict) -> bool:
+    """Whether each column of ``element`` casts to its type in ``target``."""
+    try:
+        rows = to_table([element] if isinstance(element, dict) else element)
+        if rows is None:
+            return False
+        for name in rows.column_names:
+            field = target.get(name)
+            if field is None or pa.types.is_fixed_size_list(field.type):
+                continue   # a vector is checked by the writer; it brings no column
+            col = rows.column(name)
+            if not col.type.equals(field.type):
+                col = col.cast(field.type, safe=True)
+            if not field.nullable and col.null_count:
+                return False
+        return True
+    except (SchemaMismatchError, pa.ArrowException, TypeError, ValueError, OverflowError):
+        return False
 
 
 def concat_conformed(tables: List[pa.Table], open_table: Callable[[], Supertable],

@@ -185,6 +185,15 @@ def test_refusals_name_what_is_wrong_and_commit_nothing():
     assert keyed.refresh().version == 1 and rows_of(keyed) == [(1, 1, 0)]
 
 
+def test_on_a_vector_or_struct_column_is_refused_naming_it():
+    schema = pa.schema([("g", pa.int64()), ("emb", pa.list_(pa.float32(), 2)),
+                        ("m", pa.struct([("a", pa.int64())]))])
+    t = Supertable.create(_uri(), schema, vector_column="emb")
+    for column in ("emb", "m"):
+        with pytest.raises(SchemaMismatchError, match=f"column '{column}' is"):
+            t.merge_insert(column)
+
+
 def test_racing_merges_lose_nothing(tmp_path):
     uri = str(tmp_path / "t")
     Supertable.create(uri, SCHEMA, primary_key="k")

@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from beam_supertable import (
-    SchemaMismatchError, Supertable, UpsertToSupertable, VersionNotFoundError, WriteToSupertable)
+    DuplicateKeyError, SchemaMismatchError, Supertable, UpsertToSupertable, VersionNotFoundError,
+    WriteToSupertable)
 from beam_supertable.format import fields
 from beam_supertable.iceberg.schema import iceberg_schema
 from beam_upsert import UpsertCommand
@@ -255,6 +256,21 @@ def test_schema_mode_merge_on_append_and_upsert(tmp_path):
     assert t.schema.field("extra").type == pa.int64()
 
 
+@pytest.mark.parametrize("verb,rows,error", [
+    ("upsert", [{"k": 2, "v": "two", "unit": "C"}], "column 'v'"),
+    ("upsert", [{"k": None, "unit": "C"}], "column 'k'"),
+    ("upsert", [{"k": 3, "unit": "C"}, {"k": 3, "unit": "F"}], "k=3"),
+    ("append", [{"k": 1, "unit": "C"}], "k=1"),
+])
+def test_schema_mode_merge_refusing_the_rows_adds_no_column(tmp_path, verb, rows, error):
+    t = _keyed(tmp_path)
+    t.upsert([{"k": 1, "v": 1}])
+    with pytest.raises((SchemaMismatchError, DuplicateKeyError), match=error):
+        getattr(t, verb)(rows, schema_mode="merge")
+    again = Supertable.open(t.uri)
+    assert again.version == 1 and "unit" not in again.schema.names
+
+
 def test_racing_writers_add_columns_and_lose_nothing(tmp_path):
     t = _keyed(tmp_path)
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -294,6 +310,17 @@ def test_upsert_to_supertable_merges_new_columns(tmp_path, runner):
         t.to_arrow().drop_columns(["_id"]).sort_by("k").to_pylist() == [
         {"k": 1, "v": 9, "s": None, "note": "n", "unit": None},
         {"k": 2, "v": 2, "s": None, "note": None, "unit": "C"}]
+
+
+def test_write_to_supertable_merge_adds_no_column_for_a_row_it_rejects(tmp_path):
+    uri = str(tmp_path / "w")
+    Supertable.create(uri, pa.schema([("a", pa.int64())]))
+    with TestPipeline(runner="DirectRunner") as p:
+        result = (p | beam.Create([{"a": 1, "n": 5}, {"a": "x", "bad": 1}])
+                  | WriteToSupertable(uri, schema_mode="merge").with_invalid_output())
+        assert_that(result.invalid | beam.Map(lambda i: i.element["a"]), equal_to(["x"]))
+    t = Supertable.open(uri)
+    assert t.schema.names == ["_id", "a", "n"] and t.count_rows() == 1
 
 
 @pytest.mark.parametrize("runner", RUNNERS)
@@ -481,3 +508,34 @@ def test_cli_inspect_prints_the_schema_history(tmp_path):
     assert "  schema      k int64 (id 2), v int32 (id 3), u string (id 5); last column id 5" \
         in out
     assert "version 1: add u string" in out and "version 2: drop s" in out
+
+
+@pytest.mark.parametrize("call, error, words", [
+    (lambda t: t.drop_columns(None), TypeError, "drop_columns takes a column name"),
+    (lambda t: t.drop_columns(["v", "v"]), SchemaMismatchError, "'v' is given twice"),
+    (lambda t: t.alter_column("v", "int64"), TypeError, "column 'v'"),
+    (lambda t: t.add_columns({"u": pa.string()}), TypeError, "got dict"),
+    (lambda t: t.merge_insert(5), TypeError, "on= takes a column name"),
+    (lambda t: t.update(None, [("v", 1)]), TypeError, "values= takes a dict"),
+])
+def test_wrong_argument_shapes_are_one_line(tmp_path, call, error, words):
+    t = _keyed(tmp_path)
+    with pytest.raises(error, match=words) as err:
+        call(t)
+    assert "\n" not in str(err.value) and t.refresh().version == 0
+
+
+def test_a_write_from_before_a_drop_and_add_again_loses_no_value_silently(tmp_path):
+    t = _keyed(tmp_path)
+    t.upsert([{"k": 1, "v": 1, "s": "a"}])
+    stale = Supertable.open(t.uri)
+    t.drop_columns("s")
+    t.add_columns(pa.field("s", pa.string()))            # a new column under the old name
+    version = t.version
+    with pytest.raises(SchemaMismatchError, match=r"column 's' .*refresh\(\)"):
+        stale.upsert([{"k": 2, "v": 2, "s": "kept?"}])
+    assert Supertable.open(t.uri).version == version
+    stale.upsert([{"k": 3, "v": 3}])                       # no value of "s": nothing to lose
+    stale.refresh().upsert([{"k": 2, "v": 2, "s": "kept"}])
+    assert t.refresh().to_arrow(columns=["k", "s"]).sort_by("k").to_pylist() == [
+        {"k": 1, "s": None}, {"k": 2, "s": "kept"}, {"k": 3, "s": None}]

@@ -165,3 +165,53 @@ def test_restore_brings_back_the_old_schema_with_its_rows(tmp_path):
         {"k": 5, "w": "x"}]
     t.upsert(as_table([(2, 20, 1)]))                 # the keys hold: one live row per key
     assert rows_of(t) == [(1, 1, 0), (2, 20, 1)]
+
+
+def test_restore_across_a_dropped_and_added_again_column_brings_its_values_back():
+    # The schema after the drop and the add has the same names and types as
+    # the restored version's; only the field id of "ts" differs.
+    t = Supertable.create(_uri(), SCHEMA, primary_key="k")
+    t.append(as_table([(1, 1, 5), (2, 2, 6)]))
+    t.drop_columns("ts")
+    t.add_columns(pa.field("ts", pa.int64()))
+    assert rows_of(t) == [(1, 1, None), (2, 2, None)]
+    t.restore(1)
+    assert rows_of(t) == rows_of(t.checkout(1)) == [(1, 1, 5), (2, 2, 6)]
+
+
+def test_the_feed_over_a_restore_that_narrows_a_column_refuses_naming_the_version():
+    t = Supertable.create(_uri(), pa.schema([("k", pa.int64()), ("v", pa.int32())]),
+                          primary_key="k")
+    t.append(pa.table({"k": [1], "v": pa.array([1], pa.int32())}))     # version 1
+    t.alter_column("v", pa.int64())
+    t.upsert(pa.table({"k": [2], "v": [2**40]}))                       # version 3
+    t.restore(1)                                                        # v is int32 again
+    assert t.to_arrow(columns=["k", "v"]).to_pylist() == [{"k": 1, "v": 1}]
+    with pytest.raises(SchemaMismatchError, match=r"version 4 .*column 'v'"):
+        t.changes(3, 4)
+    assert t.changes(2, 3).column("v").to_pylist() == [2**40]
+
+
+def test_a_restore_that_changes_the_schema_is_in_the_schema_history():
+    t = Supertable.create(_uri(), SCHEMA, primary_key="k")
+    t.append(as_table([(1, 1, 0)]))
+    t.add_columns(pa.field("u", pa.string()))
+    t.restore(1)
+    assert t.properties["schema_history"][-1] == {
+        "version": 3, "change": "restore the schema of version 1"}
+
+
+def test_update_and_restore_from_a_handle_older_than_a_schema_change():
+    uri = _uri()
+    t = Supertable.create(uri, SCHEMA, primary_key="k")
+    t.append(as_table([(1, 1, 0), (2, 2, 0)]))
+    stale, other = Supertable.open(uri), Supertable.open(uri)
+    other.add_columns(pa.field("unit", pa.string()))
+    other.upsert(pa.table({"k": [1], "v": [1], "ts": [0], "unit": ["C"]}))
+    stale.update(pc.field("k") == 1, {"v": 10})      # "unit" keeps its value
+    assert Supertable.open(uri).to_arrow(columns=["k", "v", "unit"]).sort_by("k").to_pylist() \
+        == [{"k": 1, "v": 10, "unit": "C"}, {"k": 2, "v": 2, "unit": None}]
+    old = Supertable.open(uri, version=1)
+    old.restore(1)                                    # the schema of version 1 comes back
+    assert Supertable.open(uri).schema.names == ["_id", "k", "v", "ts"]
+    assert rows_of(Supertable.open(uri)) == [(1, 1, 0), (2, 2, 0)]
