@@ -67,7 +67,8 @@ class ReadFromSupertable(beam.PTransform):
         self._names = _columns(table, columns, where)
         self._type = rows.row_type(_fields(table, self._names, where))
         self._read = _Read(uri, version=table.version, columns=self._names,
-                           filter=_filter(filter, where), storage_options=storage_options)
+                           filter=_filter(filter, where, table.user_schema),
+                           storage_options=storage_options)
 
     def expand(self, pbegin):
         names = self._names
@@ -110,7 +111,8 @@ class ReadChangesFromSupertable(beam.PTransform):
                                       "columns: [...]")
         self._type = rows.row_type(_fields(table, self._names, where) + [(DIFF_FIELD, int)])
         self._read = _ReadChanges(uri, start_version=start_version, end_version=end_version,
-                                  columns=self._names, filter=_filter(filter, where),
+                                  columns=self._names,
+                                  filter=_filter(filter, where, table.user_schema),
                                   poll_interval=poll_interval, storage_options=storage_options,
                                   consumer=consumer)
 
@@ -150,7 +152,8 @@ class _Search(beam.DoFn):
         except (SupertableError, ValueError, TypeError, pa.ArrowException) as exc:
             yield beam.pvalue.TaggedOutput("refused", (values, f"row {values!r}: {exc}"))
             return
-        column = "_distance" if "_distance" in hits.column_names else "_score"
+        # Hybrid hits carry both; the fused _score is what ranks them.
+        column = "_score" if self._ranked == "score" else "_distance"
         results = [beam.Row(**rows.to_beam(hit, self._names), **{self._ranked: hit[column]})
                    for hit in hits.to_pylist()]
         yield beam.Row(**values, **{RESULTS_FIELD: results})
@@ -209,7 +212,7 @@ class SearchSupertable(beam.PTransform):
         self._result = rows.row_type(_fields(table, self._names, where)
                                      + [(self._ranked, float)])
         self._search = _Search(uri, storage_options, vector_field, text_field, k, nprobe,
-                               _filter(filter, where), self._names, self._ranked)
+                               _filter(filter, where, table.user_schema), self._names, self._ranked)
         self._fields = (vector_field, text_field)
 
     def expand(self, pcoll):

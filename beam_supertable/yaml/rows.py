@@ -153,7 +153,9 @@ def _to_beam(value: Any) -> Any:
     if isinstance(value, datetime.datetime):
         if value.tzinfo is None:
             value = value.replace(tzinfo=datetime.timezone.utc)
-        return Timestamp.from_utc_datetime(value)
+        # pyarrow gives zoneinfo's UTC (or the column's own zone), which
+        # Timestamp.from_utc_datetime refuses: the same instant in timezone.utc.
+        return Timestamp.from_utc_datetime(value.astimezone(datetime.timezone.utc))
     if isinstance(value, (list, tuple)):
         return [_to_beam(v) for v in value]
     return value

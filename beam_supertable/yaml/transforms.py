@@ -23,7 +23,7 @@ from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 
 from beam_supertable.errors import NotATableError, SchemaMismatchError
-from beam_supertable.jobs.search_supertable import parse_filter
+from beam_supertable.jobs.search_supertable import checked_filter
 from beam_supertable.table.supertable import Supertable
 from beam_supertable.transforms.upsert_write import UpsertToSupertable as _Upsert
 from beam_supertable.transforms.write import WriteToSupertable as _Write
@@ -52,14 +52,15 @@ def _error_output(error_handling: Optional[Dict[str, Any]], where: str) -> Optio
     return output
 
 
-def _filter(text: Optional[str], where: str) -> Optional[pc.Expression]:
+def _filter(text: Optional[str], where: str, schema) -> Optional[pc.Expression]:
+    """The filter, its columns and literals checked against the table's ``schema``."""
     if text is None:
         return None
     if not isinstance(text, str):
         raise TypeError(f"{where}: filter must be a string like \"year >= 2010\", got "
                         f"{type(text).__name__}")
     try:
-        return parse_filter(text)
+        return checked_filter(text, schema)
     except ValueError as exc:
         raise ValueError(f"{where}: filter: {str(exc).removeprefix('--filter: ')}") from None
 

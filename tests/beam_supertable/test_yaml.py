@@ -279,3 +279,87 @@ providers:
     (rejected,) = lines(tmp_path, "rejected.json")
     assert rejected["element"]["id"] == 4
     assert rejected["msg"] == "row with id 4: column 'emb' expects 4 float32 values, got 1"
+
+
+def test_reads_give_each_column_type_and_a_hybrid_search_ranks_by_its_fused_score(tmp_path):
+    """Timestamps (as pyarrow gives them, in its own UTC), int32, bool, large strings
+    and nulls read back as Rows; a filter is checked against the table's types while
+    the pipeline is built; the guide's written-out provider block loads the transforms."""
+    import datetime
+
+    import pyarrow as pa
+
+    utc = datetime.timezone.utc
+    schema = pa.schema([("id", pa.int32()), ("ts", pa.timestamp("us", tz="UTC")),
+                        ("ok", pa.bool_()), ("txt", pa.large_string()),
+                        ("emb", pa.list_(pa.float32(), 2))])
+    table = Supertable.create(str(tmp_path / "typed"), schema=schema, vector_column="emb",
+                              fts_columns=["txt"])
+    table.append(pa.table({
+        "id": pa.array([1, 2, 3], pa.int32()),
+        "ts": pa.array([datetime.datetime(2024, 1, 1, tzinfo=utc), None,
+                        datetime.datetime(2025, 6, 1, 12, 0, 0, 5, tzinfo=utc)],
+                       pa.timestamp("us", tz="UTC")),
+        "ok": [True, None, False], "txt": pa.array(["alpha beta", "gamma", None],
+                                                   pa.large_string()),
+        "emb": pa.array([[0.1, 0.2], [0.4, 0.3], [0.9, 0.2]], pa.list_(pa.float32(), 2))},
+        schema=schema))
+    block = re.search(r"```yaml\n(providers:\n  - type: python\n.*?)```", GUIDE.read_text(),
+                      re.S).group(1)
+    expand(f"""
+pipeline:
+  transforms:
+    - name: Read
+      type: ReadFromSupertable
+      config: {{uri: OUT/typed, columns: [id, ts, ok, txt], filter: "id >= 1"}}
+    - name: Plain
+      type: MapToFields
+      input: Read
+      config:
+        language: python
+        fields: {{id: id, ts: "str(ts.to_rfc3339()) if ts else None", ok: ok, txt: txt}}
+    - name: ReadOut
+      type: WriteToJson
+      input: Plain
+      config: {{path: OUT/read.json}}
+    - name: Questions
+      type: Create
+      config:
+        elements: [{{q: 1, vec: [0.9, 0.2], words: alpha}}]
+    - name: Search
+      type: SearchSupertable
+      input: Questions
+      config: {{uri: OUT/typed, vector_field: vec, text_field: words, k: 3, columns: [id]}}
+    - name: SearchOut
+      type: WriteToJson
+      input: Search
+      config: {{path: OUT/search.json}}
+{block}""", tmp_path)
+    assert sorted(lines(tmp_path, "read.json"), key=lambda r: r["id"]) == [
+        {"id": 1, "ts": "2024-01-01T00:00:00Z", "ok": True, "txt": "alpha beta"},
+        {"id": 2, "ts": None, "ok": None, "txt": "gamma"},
+        {"id": 3, "ts": "2025-06-01T12:00:00.000005Z", "ok": False, "txt": None}]
+    (found,) = lines(tmp_path, "search.json")
+    fused = table.search(vector=[0.9, 0.2], text="alpha", k=3, columns=["id"]).to_pylist()
+    assert [(r["id"], r["score"]) for r in found["results"]] == [
+        (h["id"], pytest.approx(h["_score"])) for h in fused]
+    scores = [r["score"] for r in found["results"]]
+    assert scores == sorted(scores, reverse=True)
+    read = "{type: ReadFromSupertable, config: {uri: OUT/typed, filter: 'FILTER'}}"
+    search = ("{type: SearchSupertable, input: Q, config: {uri: OUT/typed, text_field: w, "
+              "filter: 'FILTER'}}")
+    for transform in (read, search):
+        for text, message in (("txt == 5", "filter: column 'txt' is large_string, the value 5 is "
+                                           "int64; they cannot be compared"),
+                              ("ts > 5", "filter: column 'ts' is timestamp"),
+                              ("idd > 1", "filter: the table has no column 'idd' (did you "
+                                          "mean 'id'?)")):
+            with pytest.raises(ValueError, match=re.escape(message)):
+                expand(f"""
+pipeline:
+  transforms:
+    - {{name: Q, type: Create, config: {{elements: [{{w: a}}]}}}}
+    - {transform.replace("FILTER", text)}
+providers:
+  - include: PROVIDERS
+""", tmp_path)
