@@ -8,6 +8,7 @@ run them one after another: the later ones find the tables the earlier ones made
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import pathlib
@@ -46,6 +47,13 @@ CASES = {
     "empty_with_schema": ["beam-supertable-load", "--input", "empty.jsonl", "--table",
                           "t_empty", "--schema", "id:int64,body:string"],
     "empty_new_table": ["beam-supertable-load", "--input", "empty.jsonl", "--table", "t_none"],
+    "gzip_load": ["beam-supertable-load", "--input", "rows.jsonl.gz", "--table", "t_gz",
+                  "--vector-column", "emb"],
+    "gzip_csv_holding_json": ["beam-supertable-load", "--input", "json.csv.gz", "--table",
+                              "t_csv"],
+    "gzip_upsert": ["beam-supertable-upsert", "--commands", "first.jsonl.gz", "--table", "k_gz",
+                    "--schema", "key:string,reading:string"],
+    "bare_glob": ["beam-supertable-load", "--input", "row*.jsonl", "--table", "t_glob"],
     "filter_types": ["beam-supertable-search", "--queries", "queries.jsonl", "--table", "t",
                      "--filter", "topic == 5", "--output", "res/out.jsonl"],
     "cli_afile_inspect": ["beam-supertable", "inspect", "--table", "afile"],
@@ -113,6 +121,8 @@ def runs(tmp_path_factory):
     _lines(folder / "rows.jsonl", rows)
     _lines(folder / "json.csv", rows)
     (folder / "csv.jsonl").write_text("id,body\n1,hello\n")
+    for name in ("rows.jsonl", "json.csv"):
+        (folder / f"{name}.gz").write_bytes(gzip.compress((folder / name).read_bytes()))
     (folder / "empty.jsonl").write_text("")
     (folder / "afile").write_text("x")
     _lines(folder / "queries.jsonl", [{"id": "q", "text": "hello"}])
@@ -120,6 +130,7 @@ def runs(tmp_path_factory):
         {"key": "a", "offset": 1, "time": 100, "value": {"reading": "one"}},
         {"key": "c", "offset": 1, "time": 100, "value": {"reading": "three"}},
         {"key": "d", "offset": 1, "time": 100, "value": {"reading": 4}}])
+    (folder / "first.jsonl.gz").write_bytes(gzip.compress((folder / "first.jsonl").read_bytes()))
     names = list(CASES)
     first = names[:names.index("replay")]
     got = _run(folder, first)
@@ -160,6 +171,16 @@ def test_a_file_holding_another_format_is_named_as_it_looks(runs):
     assert "--queries json.csv: read as CSV, but it looks like JSON lines" in \
         _one_line(got["search_csv_holding_json"])
     assert not (folder / "t_csv").exists() and not (folder / "changes").exists()
+
+
+def test_compressed_inputs_are_read_decompressed_and_a_bare_glob_matches(runs):
+    folder, got = runs
+    for name, table, rows in (("gzip_load", "t_gz", len(VECTORS)), ("gzip_upsert", "k_gz", 2),
+                              ("bare_glob", "t_glob", len(VECTORS))):
+        assert got[name]["code"] == 0, got[name]
+        assert Supertable.open(str(folder / table)).count_rows() == rows
+    assert "--input json.csv.gz: read as CSV, but it looks like JSON lines" in \
+        _one_line(got["gzip_csv_holding_json"])
 
 
 def test_an_empty_input_is_a_run_that_loads_nothing(runs):
