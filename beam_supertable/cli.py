@@ -99,6 +99,11 @@ def table_location_problem(flag: str, uri: Optional[str],
         path = uri[len("file://"):] if uri.startswith("file://") else uri
         if os.path.exists(path) and not os.path.isdir(path):
             return f"{flag} {uri}: is a file, not a table (a table is a folder)"
+        parent = os.path.dirname(os.path.normpath(path))
+        while parent and not os.path.exists(parent) and parent != os.path.dirname(parent):
+            parent = os.path.dirname(parent)
+        if parent and os.path.exists(parent) and not os.path.isdir(parent):
+            return f"{flag} {uri}: {parent} is a file, so no table can be inside it"
     allowed = _LOCAL_OPTIONS.get(scheme)
     if allowed is not None and storage_options:
         unknown = sorted(k for k in storage_options if k not in allowed)
@@ -466,6 +471,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args, extra = parser.parse_known_args(argv)
     name = args.command + (f" {args.iceberg_command}" if args.command == "iceberg" else "")
     prog = f"{PROG} {name}"
+    given = [a for a in (sys.argv[1:] if argv is None else argv)
+             if a == "--table" or a.startswith("--table=")]
+    if len(given) > 1:   # as the jobs: which one was meant?
+        print(f"{prog}: error: --table: given twice; give it once", file=sys.stderr)
+        return EXIT_USAGE
     if extra:
         sub = args.subcommands.get(name, parser)
         sub.error(_unknown_message(extra[0], sub))

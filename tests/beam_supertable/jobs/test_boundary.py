@@ -59,9 +59,12 @@ CASES = {
     "cli_afile_inspect": ["beam-supertable", "inspect", "--table", "afile"],
     "cli_afile_vacuum": ["beam-supertable", "vacuum", "--table", "afile"],
     "cli_afile_sync": ["beam-supertable", "iceberg", "sync", "--table", "afile"],
+    "inside_a_file": ["beam-supertable-load", "--input", "rows.jsonl", "--table", "afile/t"],
+    "cli_inside_a_file": ["beam-supertable", "inspect", "--table", "afile/t"],
     "cli_blank_table": ["beam-supertable", "inspect", "--table", " "],
     "cli_misspelled": ["beam-supertable", "inspect", "--tabel", "t"],
     "cli_misspelled_sync": ["beam-supertable", "iceberg", "sync", "--tabel", "t"],
+    "cli_table_twice": ["beam-supertable", "vacuum", "--table", "t", "--table=t2"],
     "cli_help": ["beam-supertable", "inspect", "--help"],
     "cli_storage_options": ["beam-supertable", "inspect", "--table", "t",
                             "--storage-options", '{"nosuch_option": 1}'],
@@ -218,9 +221,15 @@ def test_the_command_line_says_a_file_is_no_table_and_names_the_flag_meant(runs)
         assert _one_line(got[name]).endswith(
             f"{command}: error: --table afile: is a file, not a table (a table is a folder)")
     assert (folder / "afile").read_text() == "x"
+    assert _one_line(got["inside_a_file"]).endswith(
+        "error: --table afile/t: afile is a file, so no table can be inside it")
+    assert _one_line(got["cli_inside_a_file"]).endswith(
+        "inspect: error: --table afile/t: afile is a file, so no table can be inside it")
     for name, command in (("cli_misspelled", "inspect"), ("cli_misspelled_sync", "iceberg sync")):
         assert _one_line(got[name], code=2).endswith(
             f"{command}: error: --tabel: unknown flag; did you mean --table?")
+    assert _one_line(got["cli_table_twice"], code=2).endswith(
+        "vacuum: error: --table: given twice; give it once")
     help_text = got["cli_help"]["stdout"]
     assert got["cli_help"]["code"] == 0 and "inspect [-h] [--table URI]" in help_text
     assert "positional arguments:\n  URI " in help_text
