@@ -17,15 +17,15 @@ from beam_supertable.transforms.read import ReadFromSupertable as _Read
 from beam_supertable.transforms.read_changes import ReadChangesFromSupertable as _ReadChanges
 from beam_supertable.yaml import rows
 from beam_supertable.yaml.transforms import (
-    DEFAULT_K, DIFF_FIELD, RESULTS_FIELD, _error_output, _filter, _names, _outputs)
+    DEFAULT_K, DIFF_FIELD, RESULTS_FIELD, _error_output, _filter, _names, _outputs,
+    check_location)
 
 __all__ = ["ReadChangesFromSupertable", "ReadFromSupertable", "SearchSupertable"]
 
 
 def _open_existing(uri: str, storage_options: Optional[dict], where: str,
                    version: Optional[int] = None) -> Supertable:
-    if not isinstance(uri, str) or not uri.strip():
-        raise ValueError(f"{where}: uri must name a table, got {uri!r}")
+    check_location(uri, storage_options, where)
     return Supertable.open(uri, version=version, storage_options=storage_options)
 
 

@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 
+from beam_supertable.cli import table_location_problem
 from beam_supertable.errors import NotATableError, SchemaMismatchError
 from beam_supertable.jobs.search_supertable import checked_filter
 from beam_supertable.table.supertable import Supertable
@@ -74,9 +75,21 @@ def _names(value: Union[str, List[str], None], where: str, key: str) -> Optional
     return list(names)
 
 
-def _open(uri: str, storage_options: Optional[dict], where: str) -> Optional[Supertable]:
+def check_location(uri: Any, storage_options: Optional[dict], where: str) -> None:
+    """ValueError, one line as the jobs say it: an empty ``uri``, a local one that is
+    (or is inside) a file, storage options a local or memory table ignores."""
     if not isinstance(uri, str) or not uri.strip():
         raise ValueError(f"{where}: uri must name a table, got {uri!r}")
+    if storage_options is not None and not isinstance(storage_options, dict):
+        raise TypeError(f"{where}: storage_options must be a mapping, got "
+                        f"{type(storage_options).__name__}")
+    problem = table_location_problem("uri", uri, storage_options)
+    if problem:
+        raise ValueError(f"{where}: {problem.replace('--storage-options:', 'storage_options:')}")
+
+
+def _open(uri: str, storage_options: Optional[dict], where: str) -> Optional[Supertable]:
+    check_location(uri, storage_options, where)
     try:
         return Supertable.open(uri, storage_options=storage_options)
     except (NotATableError, FileNotFoundError):

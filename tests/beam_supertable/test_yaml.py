@@ -201,8 +201,14 @@ def test_without_error_handling_a_rejected_row_fails_the_pipeline_naming_it(tmp_
      "vector column 'emb' needs the vectors' length, which a Beam schema does not carry: "
      "add vector_dim: N"),
     ("{uri: ' ', vector_column: emb}", "WriteToSupertable: uri must name a table, got ' '"),
+    ("{uri: OUT/afile/t}", "WriteToSupertable: uri OUT/afile/t: OUT/afile is a file, so no "
+                           "table can be inside it"),
+    ("{uri: OUT/t, storage_options: {nosuch_option: 1}}",
+     "WriteToSupertable: storage_options: 'nosuch_option' is not an option of a local table"),
 ])
 def test_a_config_mistake_fails_while_the_pipeline_is_built(tmp_path, config, message):
+    (tmp_path / "afile").write_text("x")
+    message = message.replace("OUT", str(tmp_path))
     with pytest.raises(ValueError, match=re.escape(message)):
         expand(ROWS.replace("CONFIG", config), tmp_path)
     assert not os.path.exists(tmp_path / "t")
