@@ -156,7 +156,7 @@ class _Search(beam.DoFn):
         column = "_score" if self._ranked == "score" else "_distance"
         results = [beam.Row(**rows.to_beam(hit, self._names), **{self._ranked: hit[column]})
                    for hit in hits.to_pylist()]
-        yield beam.Row(**values, **{RESULTS_FIELD: results})
+        yield beam.Row(**rows.to_beam(values, list(values)), **{RESULTS_FIELD: results})
 
 
 class SearchSupertable(beam.PTransform):
@@ -230,4 +230,4 @@ class SearchSupertable(beam.PTransform):
             "refused", main="found")
         typed = found.found | "Typed" >> beam.Map(lambda r: r).with_output_types(out)
         return _outputs(typed, found.refused, self._error_output, pcoll.element_type,
-                        lambda d: beam.Row(**d), self._where)
+                        rows.from_dict, self._where)

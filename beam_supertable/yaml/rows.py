@@ -164,3 +164,9 @@ def _to_beam(value: Any) -> Any:
 def to_beam(values: Dict[str, Any], names: Sequence[str]) -> Dict[str, Any]:
     """Table values (as ``to_pylist`` gives them) for the Beam fields ``names``."""
     return {n: _to_beam(values.get(n)) for n in names}
+
+
+def from_dict(values: Dict[str, Any]) -> Any:
+    """``to_dict``'s inverse: a Beam Row again, its timestamps Beam ``Timestamp`` s."""
+    import apache_beam as beam
+    return beam.Row(**to_beam(values, list(values)))

@@ -180,7 +180,7 @@ class WriteToSupertable(beam.PTransform):
                                deduplicated=c.deduplicated)
         ).with_output_types(rows.row_type(COMMIT_FIELDS))
         return _outputs(commits, result.invalid, self._error_output, pcoll.element_type,
-                        lambda d: beam.Row(**d), self._where)
+                        rows.from_dict, self._where)
 
 
 class _ToCommands(beam.DoFn):
@@ -315,7 +315,7 @@ class _Rebuild:
 
     def __call__(self, element):
         if isinstance(element, dict):   # refused before it became a command
-            return beam.Row(**{n: element.get(n) for n in self._names})
+            return rows.from_dict({n: element.get(n) for n in self._names})
         key, value, offset = element
         values = dict(value or {})
         keys = [key] if len(self._key) == 1 else list(key)
@@ -323,4 +323,4 @@ class _Rebuild:
         values[self._offset] = offset
         if self._delete:
             values[self._delete] = value is None
-        return beam.Row(**{n: values.get(n) for n in self._names})
+        return rows.from_dict({n: values.get(n) for n in self._names})

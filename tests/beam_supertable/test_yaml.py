@@ -340,7 +340,38 @@ pipeline:
       type: WriteToJson
       input: Search
       config: {{path: OUT/search.json}}
+    - name: Timed
+      type: ReadFromSupertable
+      config: {{uri: OUT/typed, columns: [id, ts, emb]}}
+    - name: Copy
+      type: WriteToSupertable
+      input: Timed
+      config: {{uri: OUT/copy, vector_column: emb, vector_dim: 3, error_handling: {{output: bad}}}}
+    - name: Self
+      type: SearchSupertable
+      input: Timed
+      config: {{uri: OUT/typed, vector_field: emb, k: 1, columns: [id]}}
+    - name: Passed
+      type: MapToFields
+      input: Self
+      config:
+        language: python
+        fields: {{id: id, ts: "str(ts.to_rfc3339()) if ts else None", hit: "results[0].id"}}
+    - name: Refused
+      type: MapToFields
+      input: Copy.bad
+      config:
+        language: python
+        fields: {{id: element.id, ts: "str(element.ts.to_rfc3339()) if element.ts else None"}}
+    - {{type: WriteToJson, input: Passed, config: {{path: OUT/passed.json}}}}
+    - {{type: WriteToJson, input: Refused, config: {{path: OUT/refused.json}}}}
 {block}""", tmp_path)
+    # Rows with timestamps pass through a search and onto an error output as they came.
+    times = {1: "2024-01-01T00:00:00Z", 2: None, 3: "2025-06-01T12:00:00.000005Z"}
+    assert sorted(lines(tmp_path, "passed.json"), key=lambda r: r["id"]) == [
+        {"id": i, "ts": t, "hit": i} for i, t in times.items()]
+    assert sorted(lines(tmp_path, "refused.json"), key=lambda r: r["id"]) == [
+        {"id": i, "ts": t} for i, t in times.items()]
     assert sorted(lines(tmp_path, "read.json"), key=lambda r: r["id"]) == [
         {"id": 1, "ts": "2024-01-01T00:00:00Z", "ok": True, "txt": "alpha beta"},
         {"id": 2, "ts": None, "ok": None, "txt": "gamma"},
