@@ -157,6 +157,15 @@ def test_the_pipeline_file_inline_tests_pass_on_the_written_table(written):
         {"id": 2, "topic": "sea"}])])
     with pytest.raises(Exception):   # the check can fail: a row too many
         testing.run_test(spec, broken)
+    # The guide's tests block, appended to the guide's reading pipeline as it says.
+    blocks = re.findall(r"```yaml\n(.*?)```", GUIDE.read_text(), re.S)
+    reading = next(b for b in blocks if "type: ReadFromSupertable" in b)
+    guide_tests = next(b for b in blocks if b.startswith("tests:"))
+    text = jinja2.Template(reading.replace("/tmp/yaml-demo", str(written)) + guide_tests
+                           ).render(providers=PROVIDERS)
+    spec = yaml.load(text, Loader=SafeLineLoader)
+    (test,) = spec["tests"]
+    testing.run_test(spec, test)
 
 
 # -- in-process: failures ------------------------------------------------------------
