@@ -92,6 +92,9 @@ def arrow_schema(where: str, fields: Sequence[Tuple[str, Any]], *,
                 raise ValueError(
                     f"{where}: creating a table with vector column {name!r} needs the vectors' "
                     "length, which a Beam schema does not carry: add vector_dim: N")
+            if isinstance(vector_dim, bool) or not isinstance(vector_dim, int) or vector_dim < 1:
+                raise ValueError(f"{where}: vector_dim must be a positive int, got "
+                                 f"{vector_dim!r}")
             out.append(pa.field(name, pa.list_(pa.float32(), vector_dim)))
         else:
             out.append(pa.field(name, _arrow_type(where, name, t)))

@@ -210,6 +210,8 @@ def test_without_error_handling_a_rejected_row_fails_the_pipeline_naming_it(tmp_
      "vector column 'emb' needs the vectors' length, which a Beam schema does not carry: "
      "add vector_dim: N"),
     ("{uri: ' ', vector_column: emb}", "WriteToSupertable: uri must name a table, got ' '"),
+    ("{uri: OUT/t, vector_column: emb, vector_dim: 0}",
+     "WriteToSupertable: vector_dim must be a positive int, got 0"),
     ("{uri: OUT/afile/t}", "WriteToSupertable: uri OUT/afile/t: OUT/afile is a file, so no "
                            "table can be inside it"),
     ("{uri: OUT/t, storage_options: {nosuch_option: 1}}",
