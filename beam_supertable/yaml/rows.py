@@ -13,6 +13,7 @@ Beam field type                    table column
 ``float`` (DOUBLE), ``float32``    ``float64``, ``float32``
 ``str``, ``bool``, ``bytes``       ``string``, ``bool``, ``binary``
 ``Timestamp``                      ``timestamp[us, UTC]``
+``datetime.date``                  ``date32``
 a list of T                        ``list<T>``; the vector column:
                                    ``fixed_size_list<float32>[vector_dim]``
 =================================  ======================================
@@ -38,7 +39,7 @@ _ATOMIC = {
     int: pa.int64(), np.int64: pa.int64(), np.int32: pa.int32(), np.int16: pa.int16(),
     np.int8: pa.int8(), np.uint8: pa.uint8(), float: pa.float64(), np.float64: pa.float64(),
     np.float32: pa.float32(), str: pa.string(), bool: pa.bool_(), bytes: pa.binary(),
-    Timestamp: pa.timestamp("us", tz="UTC"),
+    Timestamp: pa.timestamp("us", tz="UTC"), datetime.date: pa.date32(),
 }
 _LISTS = (list, tuple, collections.abc.Sequence, collections.abc.Iterable,
           collections.abc.Collection, typing.List, typing.Sequence, typing.Iterable)
@@ -73,7 +74,7 @@ def _arrow_type(where: str, name: str, t: Any) -> pa.DataType:
             raise TypeError(f"{where}: field {name!r} is a list of unknown items ({t})")
         return pa.list_(_arrow_type(where, name, args[0]))
     raise TypeError(f"{where}: field {name!r} has type {t}, which a table column cannot hold; "
-                    "supported: int, float, str, bool, bytes, timestamps and lists of them")
+                    "supported: int, float, str, bool, bytes, timestamps, dates and lists of them")
 
 
 def arrow_schema(where: str, fields: Sequence[Tuple[str, Any]], *,
@@ -115,6 +116,8 @@ def _beam_type(where: str, field: pa.Field) -> Any:
         return bytes
     if pa.types.is_timestamp(t):
         return Timestamp
+    if pa.types.is_date(t):
+        return datetime.date   # Beam's date logical type
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
         return typing.Sequence[Optional[_beam_type(where, t.value_field)]]
     raise TypeError(f"{where}: column {field.name!r} has type {t}, which this transform cannot "

@@ -309,7 +309,7 @@ def test_reads_give_each_column_type_and_a_hybrid_search_ranks_by_its_fused_scor
     utc = datetime.timezone.utc
     schema = pa.schema([("id", pa.int32()), ("ts", pa.timestamp("us", tz="UTC")),
                         ("ok", pa.bool_()), ("txt", pa.large_string()),
-                        ("emb", pa.list_(pa.float32(), 2))])
+                        ("emb", pa.list_(pa.float32(), 2)), ("d", pa.date32())])
     table = Supertable.create(str(tmp_path / "typed"), schema=schema, vector_column="emb",
                               fts_columns=["txt"])
     table.append(pa.table({
@@ -319,7 +319,8 @@ def test_reads_give_each_column_type_and_a_hybrid_search_ranks_by_its_fused_scor
                        pa.timestamp("us", tz="UTC")),
         "ok": [True, None, False], "txt": pa.array(["alpha beta", "gamma", None],
                                                    pa.large_string()),
-        "emb": pa.array([[0.1, 0.2], [0.4, 0.3], [0.9, 0.2]], pa.list_(pa.float32(), 2))},
+        "emb": pa.array([[0.1, 0.2], [0.4, 0.3], [0.9, 0.2]], pa.list_(pa.float32(), 2)),
+        "d": pa.array([datetime.date(2024, 2, 29), None, None], pa.date32())},
         schema=schema))
     block = re.search(r"```yaml\n(providers:\n  - type: python\n.*?)```", GUIDE.read_text(),
                       re.S).group(1)
@@ -328,13 +329,14 @@ pipeline:
   transforms:
     - name: Read
       type: ReadFromSupertable
-      config: {{uri: OUT/typed, columns: [id, ts, ok, txt], filter: "id >= 1"}}
+      config: {{uri: OUT/typed, columns: [id, ts, ok, txt, d], filter: "id >= 1"}}
     - name: Plain
       type: MapToFields
       input: Read
       config:
         language: python
-        fields: {{id: id, ts: "str(ts.to_rfc3339()) if ts else None", ok: ok, txt: txt}}
+        fields: {{id: id, ts: "str(ts.to_rfc3339()) if ts else None", ok: ok, txt: txt,
+                  d: "str(d) if d else None"}}
     - name: ReadOut
       type: WriteToJson
       input: Plain
@@ -384,9 +386,10 @@ pipeline:
     assert sorted(lines(tmp_path, "refused.json"), key=lambda r: r["id"]) == [
         {"id": i, "ts": t} for i, t in times.items()]
     assert sorted(lines(tmp_path, "read.json"), key=lambda r: r["id"]) == [
-        {"id": 1, "ts": "2024-01-01T00:00:00Z", "ok": True, "txt": "alpha beta"},
-        {"id": 2, "ts": None, "ok": None, "txt": "gamma"},
-        {"id": 3, "ts": "2025-06-01T12:00:00.000005Z", "ok": False, "txt": None}]
+        {"id": 1, "ts": "2024-01-01T00:00:00Z", "ok": True, "txt": "alpha beta",
+         "d": "2024-02-29"},
+        {"id": 2, "ts": None, "ok": None, "txt": "gamma", "d": None},
+        {"id": 3, "ts": "2025-06-01T12:00:00.000005Z", "ok": False, "txt": None, "d": None}]
     (found,) = lines(tmp_path, "search.json")
     fused = table.search(vector=[0.9, 0.2], text="alpha", k=3, columns=["id"]).to_pylist()
     assert [(r["id"], r["score"]) for r in found["results"]] == [
