@@ -313,13 +313,16 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_HelpFormatter, allow_abbrev=False)
     spec.add_argument("job", metavar="JOB", help="the job's console script (beam-supertable-load, "
                                                  "...) or module (load_supertable, ...)")
+    subcommands["template-spec"] = spec
     return parser
 
 
 def _unknown_message(arg: str, parser: argparse.ArgumentParser) -> str:
     """An argument the subcommand does not take, with the closest flag it does take."""
     if not arg.startswith("-"):
-        return f"{arg!r}: unexpected argument (the table goes once, as --table or alone)"
+        takes_table = any("--table" in a.option_strings for a in parser._actions)  # noqa: SLF001
+        return f"{arg!r}: unexpected argument" + (
+            " (the table goes once, as --table or alone)" if takes_table else "")
     flag = arg.split("=", 1)[0]
     flags = [s for a in parser._actions for s in a.option_strings  # noqa: SLF001
              if s.startswith("--")]

@@ -64,6 +64,7 @@ CASES = {
     "cli_blank_table": ["beam-supertable", "inspect", "--table", " "],
     "cli_misspelled": ["beam-supertable", "inspect", "--tabel", "t"],
     "cli_misspelled_sync": ["beam-supertable", "iceberg", "sync", "--tabel", "t"],
+    "cli_spec_two_jobs": ["beam-supertable", "template-spec", "beam-supertable-load", "b"],
     "cli_table_twice": ["beam-supertable", "vacuum", "--table", "t", "--table=t2"],
     "cli_help": ["beam-supertable", "inspect", "--help"],
     "cli_storage_options": ["beam-supertable", "inspect", "--table", "t",
@@ -228,6 +229,8 @@ def test_the_command_line_says_a_file_is_no_table_and_names_the_flag_meant(runs)
     for name, command in (("cli_misspelled", "inspect"), ("cli_misspelled_sync", "iceberg sync")):
         assert _one_line(got[name], code=2).endswith(
             f"{command}: error: --tabel: unknown flag; did you mean --table?")
+    assert _one_line(got["cli_spec_two_jobs"], code=2).endswith(
+        "template-spec: error: 'b': unexpected argument")
     assert _one_line(got["cli_table_twice"], code=2).endswith(
         "vacuum: error: --table: given twice; give it once")
     help_text = got["cli_help"]["stdout"]
