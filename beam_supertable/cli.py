@@ -99,6 +99,11 @@ def table_location_problem(flag: str, uri: Optional[str],
         path = uri[len("file://"):] if uri.startswith("file://") else uri
         if os.path.exists(path) and not os.path.isdir(path):
             return f"{flag} {uri}: is a file, not a table (a table is a folder)"
+        parent = os.path.dirname(os.path.normpath(path))
+        while parent and not os.path.exists(parent) and parent != os.path.dirname(parent):
+            parent = os.path.dirname(parent)
+        if parent and os.path.exists(parent) and not os.path.isdir(parent):
+            return f"{flag} {uri}: {parent} is a file, so no table can be inside it"
     allowed = _LOCAL_OPTIONS.get(scheme)
     if allowed is not None and storage_options:
         unknown = sorted(k for k in storage_options if k not in allowed)
@@ -308,13 +313,16 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_HelpFormatter, allow_abbrev=False)
     spec.add_argument("job", metavar="JOB", help="the job's console script (beam-supertable-load, "
                                                  "...) or module (load_supertable, ...)")
+    subcommands["template-spec"] = spec
     return parser
 
 
 def _unknown_message(arg: str, parser: argparse.ArgumentParser) -> str:
     """An argument the subcommand does not take, with the closest flag it does take."""
     if not arg.startswith("-"):
-        return f"{arg!r}: unexpected argument (the table goes once, as --table or alone)"
+        takes_table = any("--table" in a.option_strings for a in parser._actions)  # noqa: SLF001
+        return f"{arg!r}: unexpected argument" + (
+            " (the table goes once, as --table or alone)" if takes_table else "")
     flag = arg.split("=", 1)[0]
     flags = [s for a in parser._actions for s in a.option_strings  # noqa: SLF001
              if s.startswith("--")]
@@ -466,6 +474,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args, extra = parser.parse_known_args(argv)
     name = args.command + (f" {args.iceberg_command}" if args.command == "iceberg" else "")
     prog = f"{PROG} {name}"
+    given = [a for a in (sys.argv[1:] if argv is None else argv)
+             if a == "--table" or a.startswith("--table=")]
+    if len(given) > 1:   # as the jobs: which one was meant?
+        print(f"{prog}: error: --table: given twice; give it once", file=sys.stderr)
+        return EXIT_USAGE
     if extra:
         sub = args.subcommands.get(name, parser)
         sub.error(_unknown_message(extra[0], sub))

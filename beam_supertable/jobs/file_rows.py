@@ -1,7 +1,8 @@
 """Rows from Parquet, JSON lines and CSV files, for the supertable jobs.
 
 Formats go by extension (``.parquet``/``.pq``, ``.jsonl``/``.ndjson``/``.json``,
-``.csv``) unless named. JSON lines hold one object per line. CSV files have a
+``.csv``) unless named; text files compressed as Beam reads them (``.gz``, ``.bz2``,
+``.zst``, ...) are decompressed. JSON lines hold one object per line. CSV files have a
 header line; a vector cell is a JSON array (``"[0.1, 0.2]"``); an empty cell
 is null except in string columns. Rows that cannot be read become dead letters
 ``Invalid(element, reason)`` naming the file (and, for CSV, the line).
@@ -42,6 +43,8 @@ def format_of(path: str, explicit: Optional[str] = None) -> str:
             raise ValueError(f"format must be one of {FORMATS} or auto, got {explicit!r}")
         return explicit
     lowered = path.lower()
+    if CompressionTypes.detect_compression_type(lowered) != CompressionTypes.UNCOMPRESSED:
+        lowered = lowered.rsplit(".", 1)[0]   # rows.jsonl.gz: JSON lines, read decompressed
     for ext, fmt in _EXTENSIONS.items():
         if lowered.endswith(ext):
             return fmt
@@ -109,14 +112,39 @@ def first_file(pattern: str) -> str:
 
 
 def _open(path: str):
-    return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    """The file's bytes, decompressed when its extension names a compression (``.gz``)."""
+    return FileSystems.open(path, compression_type=CompressionTypes.AUTO)
+
+
+class _Raw(io.RawIOBase):
+    """A Beam file (a decompressing one too) as the raw stream ``io.TextIOWrapper`` reads."""
+
+    def __init__(self, f) -> None:
+        self._f = f
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self._f.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+
+def _text(f) -> io.TextIOWrapper:
+    return io.TextIOWrapper(io.BufferedReader(_Raw(f)), encoding="utf-8", newline="")
+
+
+def open_text(path: str) -> io.TextIOWrapper:
+    """The text of the file at ``path`` (any Beam file system; decompressed by extension)."""
+    return _text(_open(path))
 
 
 def _sample_rows(path: str, fmt: str, limit: int) -> List[dict]:
     with _open(path) as f:
         if fmt == "parquet":
             return pq.ParquetFile(f).read_row_group(0).slice(0, limit).to_pylist()
-        text = io.TextIOWrapper(f, encoding="utf-8", newline="")
+        text = _text(f)
         if fmt == "csv":
             rows = []
             for row in csv.DictReader(text):
@@ -303,8 +331,8 @@ class _ReadCsv(beam.DoFn):
 
     def process(self, readable: fileio.ReadableFile):
         path = readable.metadata.path
-        with readable.open(compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            reader = csv.DictReader(io.TextIOWrapper(f, encoding="utf-8", newline=""))
+        with readable.open(compression_type=CompressionTypes.AUTO) as f:
+            reader = csv.DictReader(_text(f))
             width = None
             for row in reader:
                 width = width or len(reader.fieldnames or ())

@@ -172,6 +172,11 @@ def parse(parser: JobParser, argv: Sequence[str]) -> Tuple[PipelineOptions, argp
     _, unknown = beam_parser.parse_known_args(rest)
     if unknown:
         parser.error(_unknown_message(unknown[0], _flags_of(parser), _flags_of(beam_parser)))
+    for dest in ("input", "queries", "commands", "prior", "replay"):   # the input files
+        value = getattr(args, dest, None)   # Beam matches no glob without a folder: add ./
+        if isinstance(value, str) and "://" not in value and not os.path.dirname(value) \
+                and any(c in value for c in "*?["):
+            setattr(args, dest, os.path.join(".", value))
     missing = [a.option_strings[0] for a in required if getattr(args, a.dest) is None]
     if missing:
         parser.error(f"the following arguments are required: {', '.join(missing)}")

@@ -75,6 +75,9 @@ def _kind(typ: pa.DataType) -> Optional[str]:
         return "number"
     if pa.types.is_boolean(typ):
         return "bool"
+    if pa.types.is_timestamp(typ) or pa.types.is_date(typ) or pa.types.is_binary(typ) \
+            or pa.types.is_large_binary(typ):
+        return "none"   # no literal of the syntax compares with these
     if (pa.types.is_list(typ) or pa.types.is_fixed_size_list(typ)
             or pa.types.is_large_list(typ) or pa.types.is_struct(typ)):
         return "none"
@@ -127,6 +130,23 @@ def parse_filter(text: str) -> pc.Expression:
         if not more:
             raise ValueError(f"--filter: expected 'and' before {text[pos:]!r}")
         pos = more.end()
+
+
+def checked_filter(text: str, schema: pa.Schema) -> pc.Expression:
+    """``parse_filter(text)`` with every clause's column in ``schema`` and comparable
+    with its literal; ValueError (one line starting ``--filter:``) otherwise."""
+    expr = parse_filter(text)
+    names = schema.names
+    for column in filter_columns(text):
+        if column not in names:
+            close = difflib.get_close_matches(column, names, n=1)
+            raise ValueError(f"--filter: the table has no column {column!r}"
+                             + (f" (did you mean {close[0]!r}?)" if close else "")
+                             + f"; its columns are {names}")
+    problem = filter_type_problem(text, schema)
+    if problem:
+        raise ValueError(problem)
+    return expr
 
 
 def build_parser() -> JobParser:
@@ -263,18 +283,9 @@ def plan(args) -> Plan:
     expr = None
     if args.filter:
         try:
-            expr = parse_filter(args.filter)
+            expr = checked_filter(args.filter, table.user_schema)
         except ValueError as exc:
             raise JobError(str(exc)) from None
-        for column in filter_columns(args.filter):
-            if column not in names:
-                close = difflib.get_close_matches(column, names, n=1)
-                raise JobError(f"--filter: the table has no column {column!r}"
-                               + (f" (did you mean {close[0]!r}?)" if close else "")
-                               + f"; its columns are {names}")
-        problem = filter_type_problem(args.filter, table.user_schema)
-        if problem:
-            raise JobError(problem)
     columns = [c.strip() for c in args.columns.split(",") if c.strip()] if args.columns \
         else None
     for column in columns or ():

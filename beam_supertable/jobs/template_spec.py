@@ -41,11 +41,13 @@ JOBS = {
 SKIPPED = ("help", "version")   # argparse's own actions: no value a template could pass
 
 _NAME = re.compile(r"--([a-z][a-z0-9_]*)")
-_COUNT = r"^[1-9][0-9]*$"
-_NUMBER = r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$"
-_BYTES = r"^[0-9]+ *([kKmMgGtT][iI]?[bB]|[bB])?$"
-_MAX_INVALID = r"^[0-9]+$|^[0-9]+(\.[0-9]+)?%$"
-_JSON_OBJECT = r"^\s*\{.*\}\s*$"
+# Each takes what the flag's type takes (surrounding blanks too) and refuses what it
+# refuses where a regex can tell: a count of 0, a byte size of 0, a share over 100%.
+_COUNT = r"^\s*\+?0*[1-9][0-9]*\s*$"
+_NUMBER = r"^\s*[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?\s*$"
+_BYTES = r"^\s*0*[1-9][0-9]*\s*([kKmMgGtT][iI]?[bB]|[bB])?\s*$"
+_MAX_INVALID = r"^\s*[0-9]+\s*$|^\s*(0*100(\.0+)?|0*[0-9]{1,2}(\.[0-9]+)?)\s*%\s*$"
+_JSON_OBJECT = r"^\s*\{[\s\S]*\}\s*$"   # over several lines too
 _BOOLEAN = r"^(true|false)$"
 
 
@@ -57,7 +59,7 @@ def _formats() -> Dict[Callable, tuple]:
         options.byte_size: ("TEXT", _BYTES),
         options._max_invalid_type: ("TEXT", _MAX_INVALID),  # noqa: SLF001 - the flag's type
         float: ("NUMBER", _NUMBER),
-        int: ("NUMBER", r"^-?[0-9]+$"),
+        int: ("NUMBER", r"^\s*[-+]?[0-9]+\s*$"),
     }
 
 

@@ -49,7 +49,7 @@ from beam_supertable import Supertable, UpsertToSupertable
 from beam_supertable._program import program_name
 from beam_supertable.format.row_reasons import row_problem
 from beam_supertable.jobs.file_rows import (
-    BAD_TAG, INFER_SAMPLE_ROWS, dead_letter, format_of, parse_schema)
+    BAD_TAG, INFER_SAMPLE_ROWS, dead_letter, format_of, open_text, parse_schema)
 from beam_supertable.jobs.io_formats import (
     JOB_NAMESPACE, command_row, parse_key, parse_time, to_json)
 from beam_supertable.jobs.options import (
@@ -189,7 +189,7 @@ def sample_commands(path: str) -> List[dict]:
             # (pyarrow's message names no file: "Parquet magic bytes not found".)
             raise JobError(f"--commands {path}: not a readable Parquet file ({exc})") from None
     rows = []
-    with open(path, encoding="utf-8") as f:
+    with open_text(path) as f:
         for line in f:
             try:
                 row = json.loads(line)
@@ -439,7 +439,7 @@ def prepare_replay(args, table_plan: Plan, folder: str) -> Replay:
     path = require_input("--replay", args.replay)
     keys, refused = table_plan.keys, []
     latest: Dict[Any, tuple] = {}
-    with open(path, encoding="utf-8") as f:
+    with open_text(path) as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue

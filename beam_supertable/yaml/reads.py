@@ -17,15 +17,15 @@ from beam_supertable.transforms.read import ReadFromSupertable as _Read
 from beam_supertable.transforms.read_changes import ReadChangesFromSupertable as _ReadChanges
 from beam_supertable.yaml import rows
 from beam_supertable.yaml.transforms import (
-    DEFAULT_K, DIFF_FIELD, RESULTS_FIELD, _error_output, _filter, _names, _outputs)
+    DEFAULT_K, DIFF_FIELD, RESULTS_FIELD, _error_output, _filter, _names, _outputs,
+    check_location)
 
 __all__ = ["ReadChangesFromSupertable", "ReadFromSupertable", "SearchSupertable"]
 
 
 def _open_existing(uri: str, storage_options: Optional[dict], where: str,
                    version: Optional[int] = None) -> Supertable:
-    if not isinstance(uri, str) or not uri.strip():
-        raise ValueError(f"{where}: uri must name a table, got {uri!r}")
+    check_location(uri, storage_options, where)
     return Supertable.open(uri, version=version, storage_options=storage_options)
 
 
@@ -67,7 +67,8 @@ class ReadFromSupertable(beam.PTransform):
         self._names = _columns(table, columns, where)
         self._type = rows.row_type(_fields(table, self._names, where))
         self._read = _Read(uri, version=table.version, columns=self._names,
-                           filter=_filter(filter, where), storage_options=storage_options)
+                           filter=_filter(filter, where, table.user_schema),
+                           storage_options=storage_options)
 
     def expand(self, pbegin):
         names = self._names
@@ -110,7 +111,8 @@ class ReadChangesFromSupertable(beam.PTransform):
                                       "columns: [...]")
         self._type = rows.row_type(_fields(table, self._names, where) + [(DIFF_FIELD, int)])
         self._read = _ReadChanges(uri, start_version=start_version, end_version=end_version,
-                                  columns=self._names, filter=_filter(filter, where),
+                                  columns=self._names,
+                                  filter=_filter(filter, where, table.user_schema),
                                   poll_interval=poll_interval, storage_options=storage_options,
                                   consumer=consumer)
 
@@ -150,10 +152,11 @@ class _Search(beam.DoFn):
         except (SupertableError, ValueError, TypeError, pa.ArrowException) as exc:
             yield beam.pvalue.TaggedOutput("refused", (values, f"row {values!r}: {exc}"))
             return
-        column = "_distance" if "_distance" in hits.column_names else "_score"
+        # Hybrid hits carry both; the fused _score is what ranks them.
+        column = "_score" if self._ranked == "score" else "_distance"
         results = [beam.Row(**rows.to_beam(hit, self._names), **{self._ranked: hit[column]})
                    for hit in hits.to_pylist()]
-        yield beam.Row(**values, **{RESULTS_FIELD: results})
+        yield beam.Row(**rows.to_beam(values, list(values)), **{RESULTS_FIELD: results})
 
 
 class SearchSupertable(beam.PTransform):
@@ -209,7 +212,7 @@ class SearchSupertable(beam.PTransform):
         self._result = rows.row_type(_fields(table, self._names, where)
                                      + [(self._ranked, float)])
         self._search = _Search(uri, storage_options, vector_field, text_field, k, nprobe,
-                               _filter(filter, where), self._names, self._ranked)
+                               _filter(filter, where, table.user_schema), self._names, self._ranked)
         self._fields = (vector_field, text_field)
 
     def expand(self, pcoll):
@@ -227,4 +230,4 @@ class SearchSupertable(beam.PTransform):
             "refused", main="found")
         typed = found.found | "Typed" >> beam.Map(lambda r: r).with_output_types(out)
         return _outputs(typed, found.refused, self._error_output, pcoll.element_type,
-                        lambda d: beam.Row(**d), self._where)
+                        rows.from_dict, self._where)

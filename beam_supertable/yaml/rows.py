@@ -13,6 +13,7 @@ Beam field type                    table column
 ``float`` (DOUBLE), ``float32``    ``float64``, ``float32``
 ``str``, ``bool``, ``bytes``       ``string``, ``bool``, ``binary``
 ``Timestamp``                      ``timestamp[us, UTC]``
+``datetime.date``                  ``date32``
 a list of T                        ``list<T>``; the vector column:
                                    ``fixed_size_list<float32>[vector_dim]``
 =================================  ======================================
@@ -38,7 +39,7 @@ _ATOMIC = {
     int: pa.int64(), np.int64: pa.int64(), np.int32: pa.int32(), np.int16: pa.int16(),
     np.int8: pa.int8(), np.uint8: pa.uint8(), float: pa.float64(), np.float64: pa.float64(),
     np.float32: pa.float32(), str: pa.string(), bool: pa.bool_(), bytes: pa.binary(),
-    Timestamp: pa.timestamp("us", tz="UTC"),
+    Timestamp: pa.timestamp("us", tz="UTC"), datetime.date: pa.date32(),
 }
 _LISTS = (list, tuple, collections.abc.Sequence, collections.abc.Iterable,
           collections.abc.Collection, typing.List, typing.Sequence, typing.Iterable)
@@ -73,7 +74,7 @@ def _arrow_type(where: str, name: str, t: Any) -> pa.DataType:
             raise TypeError(f"{where}: field {name!r} is a list of unknown items ({t})")
         return pa.list_(_arrow_type(where, name, args[0]))
     raise TypeError(f"{where}: field {name!r} has type {t}, which a table column cannot hold; "
-                    "supported: int, float, str, bool, bytes, timestamps and lists of them")
+                    "supported: int, float, str, bool, bytes, timestamps, dates and lists of them")
 
 
 def arrow_schema(where: str, fields: Sequence[Tuple[str, Any]], *,
@@ -92,6 +93,9 @@ def arrow_schema(where: str, fields: Sequence[Tuple[str, Any]], *,
                 raise ValueError(
                     f"{where}: creating a table with vector column {name!r} needs the vectors' "
                     "length, which a Beam schema does not carry: add vector_dim: N")
+            if isinstance(vector_dim, bool) or not isinstance(vector_dim, int) or vector_dim < 1:
+                raise ValueError(f"{where}: vector_dim must be a positive int, got "
+                                 f"{vector_dim!r}")
             out.append(pa.field(name, pa.list_(pa.float32(), vector_dim)))
         else:
             out.append(pa.field(name, _arrow_type(where, name, t)))
@@ -112,6 +116,8 @@ def _beam_type(where: str, field: pa.Field) -> Any:
         return bytes
     if pa.types.is_timestamp(t):
         return Timestamp
+    if pa.types.is_date(t):
+        return datetime.date   # Beam's date logical type
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
         return typing.Sequence[Optional[_beam_type(where, t.value_field)]]
     raise TypeError(f"{where}: column {field.name!r} has type {t}, which this transform cannot "
@@ -153,7 +159,9 @@ def _to_beam(value: Any) -> Any:
     if isinstance(value, datetime.datetime):
         if value.tzinfo is None:
             value = value.replace(tzinfo=datetime.timezone.utc)
-        return Timestamp.from_utc_datetime(value)
+        # pyarrow gives zoneinfo's UTC (or the column's own zone), which
+        # Timestamp.from_utc_datetime refuses: the same instant in timezone.utc.
+        return Timestamp.from_utc_datetime(value.astimezone(datetime.timezone.utc))
     if isinstance(value, (list, tuple)):
         return [_to_beam(v) for v in value]
     return value
@@ -162,3 +170,9 @@ def _to_beam(value: Any) -> Any:
 def to_beam(values: Dict[str, Any], names: Sequence[str]) -> Dict[str, Any]:
     """Table values (as ``to_pylist`` gives them) for the Beam fields ``names``."""
     return {n: _to_beam(values.get(n)) for n in names}
+
+
+def from_dict(values: Dict[str, Any]) -> Any:
+    """``to_dict``'s inverse: a Beam Row again, its timestamps Beam ``Timestamp`` s."""
+    import apache_beam as beam
+    return beam.Row(**to_beam(values, list(values)))

@@ -22,8 +22,9 @@ import pyarrow.compute as pc
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 
+from beam_supertable.cli import table_location_problem
 from beam_supertable.errors import NotATableError, SchemaMismatchError
-from beam_supertable.jobs.search_supertable import parse_filter
+from beam_supertable.jobs.search_supertable import checked_filter
 from beam_supertable.table.supertable import Supertable
 from beam_supertable.transforms.upsert_write import UpsertToSupertable as _Upsert
 from beam_supertable.transforms.write import WriteToSupertable as _Write
@@ -52,14 +53,15 @@ def _error_output(error_handling: Optional[Dict[str, Any]], where: str) -> Optio
     return output
 
 
-def _filter(text: Optional[str], where: str) -> Optional[pc.Expression]:
+def _filter(text: Optional[str], where: str, schema) -> Optional[pc.Expression]:
+    """The filter, its columns and literals checked against the table's ``schema``."""
     if text is None:
         return None
     if not isinstance(text, str):
         raise TypeError(f"{where}: filter must be a string like \"year >= 2010\", got "
                         f"{type(text).__name__}")
     try:
-        return parse_filter(text)
+        return checked_filter(text, schema)
     except ValueError as exc:
         raise ValueError(f"{where}: filter: {str(exc).removeprefix('--filter: ')}") from None
 
@@ -73,9 +75,21 @@ def _names(value: Union[str, List[str], None], where: str, key: str) -> Optional
     return list(names)
 
 
-def _open(uri: str, storage_options: Optional[dict], where: str) -> Optional[Supertable]:
+def check_location(uri: Any, storage_options: Optional[dict], where: str) -> None:
+    """ValueError, one line as the jobs say it: an empty ``uri``, a local one that is
+    (or is inside) a file, storage options a local or memory table ignores."""
     if not isinstance(uri, str) or not uri.strip():
         raise ValueError(f"{where}: uri must name a table, got {uri!r}")
+    if storage_options is not None and not isinstance(storage_options, dict):
+        raise TypeError(f"{where}: storage_options must be a mapping, got "
+                        f"{type(storage_options).__name__}")
+    problem = table_location_problem("uri", uri, storage_options)
+    if problem:
+        raise ValueError(f"{where}: {problem.replace('--storage-options:', 'storage_options:')}")
+
+
+def _open(uri: str, storage_options: Optional[dict], where: str) -> Optional[Supertable]:
+    check_location(uri, storage_options, where)
     try:
         return Supertable.open(uri, storage_options=storage_options)
     except (NotATableError, FileNotFoundError):
@@ -166,7 +180,7 @@ class WriteToSupertable(beam.PTransform):
                                deduplicated=c.deduplicated)
         ).with_output_types(rows.row_type(COMMIT_FIELDS))
         return _outputs(commits, result.invalid, self._error_output, pcoll.element_type,
-                        lambda d: beam.Row(**d), self._where)
+                        rows.from_dict, self._where)
 
 
 class _ToCommands(beam.DoFn):
@@ -301,7 +315,7 @@ class _Rebuild:
 
     def __call__(self, element):
         if isinstance(element, dict):   # refused before it became a command
-            return beam.Row(**{n: element.get(n) for n in self._names})
+            return rows.from_dict({n: element.get(n) for n in self._names})
         key, value, offset = element
         values = dict(value or {})
         keys = [key] if len(self._key) == 1 else list(key)
@@ -309,4 +323,4 @@ class _Rebuild:
         values[self._offset] = offset
         if self._delete:
             values[self._delete] = value is None
-        return beam.Row(**{n: values.get(n) for n in self._names})
+        return rows.from_dict({n: values.get(n) for n in self._names})

@@ -157,6 +157,15 @@ def test_the_pipeline_file_inline_tests_pass_on_the_written_table(written):
         {"id": 2, "topic": "sea"}])])
     with pytest.raises(Exception):   # the check can fail: a row too many
         testing.run_test(spec, broken)
+    # The guide's tests block, appended to the guide's reading pipeline as it says.
+    blocks = re.findall(r"```yaml\n(.*?)```", GUIDE.read_text(), re.S)
+    reading = next(b for b in blocks if "type: ReadFromSupertable" in b)
+    guide_tests = next(b for b in blocks if b.startswith("tests:"))
+    text = jinja2.Template(reading.replace("/tmp/yaml-demo", str(written)) + guide_tests
+                           ).render(providers=PROVIDERS)
+    spec = yaml.load(text, Loader=SafeLineLoader)
+    (test,) = spec["tests"]
+    testing.run_test(spec, test)
 
 
 # -- in-process: failures ------------------------------------------------------------
@@ -201,8 +210,16 @@ def test_without_error_handling_a_rejected_row_fails_the_pipeline_naming_it(tmp_
      "vector column 'emb' needs the vectors' length, which a Beam schema does not carry: "
      "add vector_dim: N"),
     ("{uri: ' ', vector_column: emb}", "WriteToSupertable: uri must name a table, got ' '"),
+    ("{uri: OUT/t, vector_column: emb, vector_dim: 0}",
+     "WriteToSupertable: vector_dim must be a positive int, got 0"),
+    ("{uri: OUT/afile/t}", "WriteToSupertable: uri OUT/afile/t: OUT/afile is a file, so no "
+                           "table can be inside it"),
+    ("{uri: OUT/t, storage_options: {nosuch_option: 1}}",
+     "WriteToSupertable: storage_options: 'nosuch_option' is not an option of a local table"),
 ])
 def test_a_config_mistake_fails_while_the_pipeline_is_built(tmp_path, config, message):
+    (tmp_path / "afile").write_text("x")
+    message = message.replace("OUT", str(tmp_path))
     with pytest.raises(ValueError, match=re.escape(message)):
         expand(ROWS.replace("CONFIG", config), tmp_path)
     assert not os.path.exists(tmp_path / "t")
@@ -279,3 +296,121 @@ providers:
     (rejected,) = lines(tmp_path, "rejected.json")
     assert rejected["element"]["id"] == 4
     assert rejected["msg"] == "row with id 4: column 'emb' expects 4 float32 values, got 1"
+
+
+def test_reads_give_each_column_type_and_a_hybrid_search_ranks_by_its_fused_score(tmp_path):
+    """Timestamps (as pyarrow gives them, in its own UTC), int32, bool, large strings
+    and nulls read back as Rows; a filter is checked against the table's types while
+    the pipeline is built; the guide's written-out provider block loads the transforms."""
+    import datetime
+
+    import pyarrow as pa
+
+    utc = datetime.timezone.utc
+    schema = pa.schema([("id", pa.int32()), ("ts", pa.timestamp("us", tz="UTC")),
+                        ("ok", pa.bool_()), ("txt", pa.large_string()),
+                        ("emb", pa.list_(pa.float32(), 2)), ("d", pa.date32())])
+    table = Supertable.create(str(tmp_path / "typed"), schema=schema, vector_column="emb",
+                              fts_columns=["txt"])
+    table.append(pa.table({
+        "id": pa.array([1, 2, 3], pa.int32()),
+        "ts": pa.array([datetime.datetime(2024, 1, 1, tzinfo=utc), None,
+                        datetime.datetime(2025, 6, 1, 12, 0, 0, 5, tzinfo=utc)],
+                       pa.timestamp("us", tz="UTC")),
+        "ok": [True, None, False], "txt": pa.array(["alpha beta", "gamma", None],
+                                                   pa.large_string()),
+        "emb": pa.array([[0.1, 0.2], [0.4, 0.3], [0.9, 0.2]], pa.list_(pa.float32(), 2)),
+        "d": pa.array([datetime.date(2024, 2, 29), None, None], pa.date32())},
+        schema=schema))
+    block = re.search(r"```yaml\n(providers:\n  - type: python\n.*?)```", GUIDE.read_text(),
+                      re.S).group(1)
+    expand(f"""
+pipeline:
+  transforms:
+    - name: Read
+      type: ReadFromSupertable
+      config: {{uri: OUT/typed, columns: [id, ts, ok, txt, d], filter: "id >= 1"}}
+    - name: Plain
+      type: MapToFields
+      input: Read
+      config:
+        language: python
+        fields: {{id: id, ts: "str(ts.to_rfc3339()) if ts else None", ok: ok, txt: txt,
+                  d: "str(d) if d else None"}}
+    - name: ReadOut
+      type: WriteToJson
+      input: Plain
+      config: {{path: OUT/read.json}}
+    - name: Questions
+      type: Create
+      config:
+        elements: [{{q: 1, vec: [0.9, 0.2], words: alpha}}]
+    - name: Search
+      type: SearchSupertable
+      input: Questions
+      config: {{uri: OUT/typed, vector_field: vec, text_field: words, k: 3, columns: [id]}}
+    - name: SearchOut
+      type: WriteToJson
+      input: Search
+      config: {{path: OUT/search.json}}
+    - name: Timed
+      type: ReadFromSupertable
+      config: {{uri: OUT/typed, columns: [id, ts, emb]}}
+    - name: Copy
+      type: WriteToSupertable
+      input: Timed
+      config: {{uri: OUT/copy, vector_column: emb, vector_dim: 3, error_handling: {{output: bad}}}}
+    - name: Self
+      type: SearchSupertable
+      input: Timed
+      config: {{uri: OUT/typed, vector_field: emb, k: 1, columns: [id]}}
+    - name: Passed
+      type: MapToFields
+      input: Self
+      config:
+        language: python
+        fields: {{id: id, ts: "str(ts.to_rfc3339()) if ts else None", hit: "results[0].id"}}
+    - name: Refused
+      type: MapToFields
+      input: Copy.bad
+      config:
+        language: python
+        fields: {{id: element.id, ts: "str(element.ts.to_rfc3339()) if element.ts else None"}}
+    - {{type: WriteToJson, input: Passed, config: {{path: OUT/passed.json}}}}
+    - {{type: WriteToJson, input: Refused, config: {{path: OUT/refused.json}}}}
+{block}""", tmp_path)
+    # Rows with timestamps pass through a search and onto an error output as they came.
+    times = {1: "2024-01-01T00:00:00Z", 2: None, 3: "2025-06-01T12:00:00.000005Z"}
+    assert sorted(lines(tmp_path, "passed.json"), key=lambda r: r["id"]) == [
+        {"id": i, "ts": t, "hit": i} for i, t in times.items()]
+    assert sorted(lines(tmp_path, "refused.json"), key=lambda r: r["id"]) == [
+        {"id": i, "ts": t} for i, t in times.items()]
+    assert sorted(lines(tmp_path, "read.json"), key=lambda r: r["id"]) == [
+        {"id": 1, "ts": "2024-01-01T00:00:00Z", "ok": True, "txt": "alpha beta",
+         "d": "2024-02-29"},
+        {"id": 2, "ts": None, "ok": None, "txt": "gamma", "d": None},
+        {"id": 3, "ts": "2025-06-01T12:00:00.000005Z", "ok": False, "txt": None, "d": None}]
+    (found,) = lines(tmp_path, "search.json")
+    fused = table.search(vector=[0.9, 0.2], text="alpha", k=3, columns=["id"]).to_pylist()
+    assert [(r["id"], r["score"]) for r in found["results"]] == [
+        (h["id"], pytest.approx(h["_score"])) for h in fused]
+    scores = [r["score"] for r in found["results"]]
+    assert scores == sorted(scores, reverse=True)
+    read = "{type: ReadFromSupertable, config: {uri: OUT/typed, filter: 'FILTER'}}"
+    search = ("{type: SearchSupertable, input: Q, config: {uri: OUT/typed, text_field: w, "
+              "filter: 'FILTER'}}")
+    for transform in (read, search):
+        for text, message in (("txt == 5", "filter: column 'txt' is large_string, the value 5 is "
+                                           "int64; they cannot be compared"),
+                              ("ts > 5", "filter: column 'ts' is timestamp"),
+                              ("idd > 1", "filter: the table has no column 'idd' (did you "
+                                          "mean 'id'?)")):
+            with pytest.raises(ValueError, match=re.escape(message)):
+                expand(f"""
+pipeline:
+  transforms:
+    - {{name: Q, type: Create, config: {{elements: [{{w: a}}]}}}}
+    - {transform.replace("FILTER", text)}
+providers:
+  - include: PROVIDERS
+""", tmp_path)

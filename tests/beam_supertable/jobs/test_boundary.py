@@ -8,6 +8,7 @@ run them one after another: the later ones find the tables the earlier ones made
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import pathlib
@@ -46,14 +47,25 @@ CASES = {
     "empty_with_schema": ["beam-supertable-load", "--input", "empty.jsonl", "--table",
                           "t_empty", "--schema", "id:int64,body:string"],
     "empty_new_table": ["beam-supertable-load", "--input", "empty.jsonl", "--table", "t_none"],
+    "gzip_load": ["beam-supertable-load", "--input", "rows.jsonl.gz", "--table", "t_gz",
+                  "--vector-column", "emb"],
+    "gzip_csv_holding_json": ["beam-supertable-load", "--input", "json.csv.gz", "--table",
+                              "t_csv"],
+    "gzip_upsert": ["beam-supertable-upsert", "--commands", "first.jsonl.gz", "--table", "k_gz",
+                    "--schema", "key:string,reading:string"],
+    "bare_glob": ["beam-supertable-load", "--input", "row*.jsonl", "--table", "t_glob"],
     "filter_types": ["beam-supertable-search", "--queries", "queries.jsonl", "--table", "t",
                      "--filter", "topic == 5", "--output", "res/out.jsonl"],
     "cli_afile_inspect": ["beam-supertable", "inspect", "--table", "afile"],
     "cli_afile_vacuum": ["beam-supertable", "vacuum", "--table", "afile"],
     "cli_afile_sync": ["beam-supertable", "iceberg", "sync", "--table", "afile"],
+    "inside_a_file": ["beam-supertable-load", "--input", "rows.jsonl", "--table", "afile/t"],
+    "cli_inside_a_file": ["beam-supertable", "inspect", "--table", "afile/t"],
     "cli_blank_table": ["beam-supertable", "inspect", "--table", " "],
     "cli_misspelled": ["beam-supertable", "inspect", "--tabel", "t"],
     "cli_misspelled_sync": ["beam-supertable", "iceberg", "sync", "--tabel", "t"],
+    "cli_spec_two_jobs": ["beam-supertable", "template-spec", "beam-supertable-load", "b"],
+    "cli_table_twice": ["beam-supertable", "vacuum", "--table", "t", "--table=t2"],
     "cli_help": ["beam-supertable", "inspect", "--help"],
     "cli_storage_options": ["beam-supertable", "inspect", "--table", "t",
                             "--storage-options", '{"nosuch_option": 1}'],
@@ -113,6 +125,8 @@ def runs(tmp_path_factory):
     _lines(folder / "rows.jsonl", rows)
     _lines(folder / "json.csv", rows)
     (folder / "csv.jsonl").write_text("id,body\n1,hello\n")
+    for name in ("rows.jsonl", "json.csv"):
+        (folder / f"{name}.gz").write_bytes(gzip.compress((folder / name).read_bytes()))
     (folder / "empty.jsonl").write_text("")
     (folder / "afile").write_text("x")
     _lines(folder / "queries.jsonl", [{"id": "q", "text": "hello"}])
@@ -120,6 +134,7 @@ def runs(tmp_path_factory):
         {"key": "a", "offset": 1, "time": 100, "value": {"reading": "one"}},
         {"key": "c", "offset": 1, "time": 100, "value": {"reading": "three"}},
         {"key": "d", "offset": 1, "time": 100, "value": {"reading": 4}}])
+    (folder / "first.jsonl.gz").write_bytes(gzip.compress((folder / "first.jsonl").read_bytes()))
     names = list(CASES)
     first = names[:names.index("replay")]
     got = _run(folder, first)
@@ -162,6 +177,16 @@ def test_a_file_holding_another_format_is_named_as_it_looks(runs):
     assert not (folder / "t_csv").exists() and not (folder / "changes").exists()
 
 
+def test_compressed_inputs_are_read_decompressed_and_a_bare_glob_matches(runs):
+    folder, got = runs
+    for name, table, rows in (("gzip_load", "t_gz", len(VECTORS)), ("gzip_upsert", "k_gz", 2),
+                              ("bare_glob", "t_glob", len(VECTORS))):
+        assert got[name]["code"] == 0, got[name]
+        assert Supertable.open(str(folder / table)).count_rows() == rows
+    assert "--input json.csv.gz: read as CSV, but it looks like JSON lines" in \
+        _one_line(got["gzip_csv_holding_json"])
+
+
 def test_an_empty_input_is_a_run_that_loads_nothing(runs):
     folder, got = runs
     for name in ("empty_into_table", "empty_with_schema"):
@@ -197,9 +222,17 @@ def test_the_command_line_says_a_file_is_no_table_and_names_the_flag_meant(runs)
         assert _one_line(got[name]).endswith(
             f"{command}: error: --table afile: is a file, not a table (a table is a folder)")
     assert (folder / "afile").read_text() == "x"
+    assert _one_line(got["inside_a_file"]).endswith(
+        "error: --table afile/t: afile is a file, so no table can be inside it")
+    assert _one_line(got["cli_inside_a_file"]).endswith(
+        "inspect: error: --table afile/t: afile is a file, so no table can be inside it")
     for name, command in (("cli_misspelled", "inspect"), ("cli_misspelled_sync", "iceberg sync")):
         assert _one_line(got[name], code=2).endswith(
             f"{command}: error: --tabel: unknown flag; did you mean --table?")
+    assert _one_line(got["cli_spec_two_jobs"], code=2).endswith(
+        "template-spec: error: 'b': unexpected argument")
+    assert _one_line(got["cli_table_twice"], code=2).endswith(
+        "vacuum: error: --table: given twice; give it once")
     help_text = got["cli_help"]["stdout"]
     assert got["cli_help"]["code"] == 0 and "inspect [-h] [--table URI]" in help_text
     assert "positional arguments:\n  URI " in help_text

@@ -119,3 +119,32 @@ def test_the_command_line_prints_the_spec_and_names_the_jobs_for_an_unknown_one(
     assert done.stderr.strip().splitlines() == [
         "python -m beam_supertable template-spec: error: 'loader': not a job; the jobs are "
         + ", ".join(JOBS) + " (or their modules " + ", ".join(JOBS.values()) + ")"]
+
+
+# Values a user (or a template's form) gives: each regex takes exactly what its flag takes.
+VALUES = ["5", "05", "+5", " 5 ", "0", "-1", "64MiB", "64 mib", " 64MiB", "0B", "1e3", ".5",
+          "5.", "1.5", "5%", "5 %", "100%", "100.0%", "200%", "0.5%", "twelve", "",
+          '{"a": 1}', '{\n  "a": 1\n}', " {} ", "[1]"]
+
+
+@pytest.mark.parametrize("job", sorted(JOBS))
+def test_a_parameter_regex_takes_exactly_the_values_its_flag_takes(job):
+    spec = {p["name"]: p for p in template_spec(job)["parameters"]}
+    for action in flags(parser_of(job)):
+        param = spec[next(s[2:] for s in action.option_strings if s[2:] in spec)]
+        if action.dest == "storage_options":
+            def accepts(value):
+                if not isinstance(json.loads(value), dict):
+                    raise ValueError(value)
+        elif action.type is not None and action.type is not str and not action.choices:
+            accepts = action.type
+        else:
+            continue
+        (regex,) = param["regexes"]
+        for value in VALUES:
+            try:
+                accepts(value)
+                taken = True
+            except (ValueError, argparse.ArgumentTypeError):
+                taken = False
+            assert bool(re.fullmatch(regex, value)) is taken, (param["name"], value, regex)
