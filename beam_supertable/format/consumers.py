@@ -18,12 +18,12 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
-import re
 from typing import Any, Dict, List, Optional, Sequence
 
 from beam_supertable.errors import CorruptManifestError
 from beam_supertable.format.documents import (
     FORMAT_VERSION, META, epoch_of, iso_of, retention_seconds, seal, unseal)
+from beam_supertable.format import named
 from beam_supertable.format.store import ObjectInfo, ObjectStore
 
 CONSUMERS = f"{META}/consumers"
@@ -31,7 +31,7 @@ CONSUMER_EXPIRY = "consumer_expiry"   # table property: seconds a silent consume
 DEFAULT_CONSUMER_EXPIRY_S = 7 * 24 * 3600
 
 _LOG = logging.getLogger(__name__)
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_NAME = named.NAME
 
 
 def check_name(name: Any) -> str:
@@ -125,23 +125,9 @@ def listing(store: ObjectStore, now: float, expiry_s: float,
     dropped since is skipped). ``skip_unreadable``: a record that is not one
     is logged and left out (vacuum's choice: no reader can resume from it, so
     it holds nothing) instead of raising ``CorruptManifestError``."""
-    infos = store.list(CONSUMERS) if objects is None else \
-        [i for i in objects if i.path.startswith(CONSUMERS + "/")]
     out = []
-    for info in infos:
-        folder, _, file = info.path.rpartition("/")
-        name = file[:-len(".json")]
-        if folder != CONSUMERS or not file.endswith(".json") or not _NAME.fullmatch(name):
-            continue   # not a record drop_consumer could remove
-        try:
-            doc = _decode(store.get(info.path), f"{store.uri}/{info.path}")
-        except FileNotFoundError:
-            continue   # dropped since the listing
-        except CorruptManifestError as exc:
-            if not skip_unreadable:
-                raise
-            _LOG.warning("%s; it holds no versions", exc)
-            continue
+    for name, doc in named.read_all(store, CONSUMERS, _decode, objects,
+                                    skip_unreadable=skip_unreadable, log=_LOG):
         at = epoch_of(doc["updated_at"])
         age = max(0.0, now - at)
         out.append(Consumer(name, doc["version"],

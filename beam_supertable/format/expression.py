@@ -126,3 +126,20 @@ def _ordered_metadata(schema: pa.Schema) -> List[Tuple[str, str]]:
             pos += 4 + n
         out.append((pair[0], pair[1]))
     return out
+
+
+def expression_columns(expr: Optional[pc.Expression]) -> Optional[List[str]]:
+    """The column names ``expr`` refers to, or None when they cannot be told
+    (or ``expr`` is None)."""
+    found: List[str] = []
+
+    def walk(node) -> bool:
+        if isinstance(node, Field):
+            found.append(node.name)
+            return True
+        if isinstance(node, Call):
+            return all(walk(a) for a in node.args)
+        return isinstance(node, Literal)
+
+    node = parse(expr) if expr is not None else None
+    return found if node is not None and walk(node) else None

@@ -15,18 +15,18 @@ second look, just before deleting anything (as for consumers).
 from __future__ import annotations
 
 import logging
-import re
 import uuid
 from typing import Any, Dict, Optional, Sequence
 
 from beam_supertable.errors import AlreadyExists, CorruptManifestError, TagExistsError
 from beam_supertable.format.documents import FORMAT_VERSION, META, iso_of, seal, unseal
+from beam_supertable.format import named
 from beam_supertable.format.store import ObjectInfo, ObjectStore
 
 TAGS = f"{META}/tags"
 
 _LOG = logging.getLogger(__name__)
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_NAME = named.NAME
 
 
 def check_name(name: Any) -> str:
@@ -97,25 +97,9 @@ def listing(store: ObjectStore, objects: Optional[Sequence[ObjectInfo]] = None, 
     ``objects``: the table's listing when the caller has one. ``skip_unreadable``:
     a record that is not one is logged and left out instead of raising
     ``CorruptManifestError`` (a vacuum goes on; it holds nothing)."""
-    infos = store.list(TAGS) if objects is None else \
-        [i for i in objects if i.path.startswith(TAGS + "/")]
-    out: Dict[str, int] = {}
-    for info in infos:
-        folder, _, file = info.path.rpartition("/")
-        name = file[:-len(".json")]
-        if folder != TAGS or not file.endswith(".json") or not _NAME.fullmatch(name) \
-                or name.isdigit():
-            continue   # not a tag record
-        try:
-            doc = _decode(store.get(info.path), f"{store.uri}/{info.path}")
-        except FileNotFoundError:
-            continue   # deleted since the listing
-        except CorruptManifestError as exc:
-            if not skip_unreadable:
-                raise
-            _LOG.warning("%s; it holds no version", exc)
-            continue
-        out[name] = doc["version"]
+    out = {name: doc["version"] for name, doc in named.read_all(
+        store, TAGS, _decode, objects, accept=lambda name: not name.isdigit(),
+        skip_unreadable=skip_unreadable, log=_LOG)}
     return dict(sorted(out.items()))
 
 

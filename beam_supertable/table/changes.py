@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from beam_supertable.errors import SchemaMismatchError, VersionNotFoundError
 from beam_supertable.format import deletes as dv
 from beam_supertable.format.documents import Snapshot
-from beam_supertable.format.expression import Call, Field, Literal, parse
+from beam_supertable.format.expression import expression_columns
 from beam_supertable.format.filters import mask, pruned
 from beam_supertable.format.schema import ID
 from beam_supertable.format.writer import DATA
@@ -85,22 +85,6 @@ def check_filter(schema: pa.Schema, filter: Optional[pc.Expression]) -> None:  #
         first = str(exc).splitlines()[0]
         raise SchemaMismatchError(f"changes: filter {filter} does not apply to the table's "
                                   f"columns {schema.names}: {first}") from None
-
-
-def _filter_columns(filter: Optional[pc.Expression]) -> Optional[List[str]]:  # noqa: A002
-    """The columns ``filter`` names, or None when they cannot be told."""
-    found: List[str] = []
-
-    def walk(node) -> bool:
-        if isinstance(node, Field):
-            found.append(node.name)
-            return True
-        if isinstance(node, Call):
-            return all(walk(a) for a in node.args)
-        return isinstance(node, Literal)
-
-    node = parse(filter) if filter is not None else None
-    return found if node is not None and walk(node) else None
 
 
 def output_schema(table_schema: pa.Schema, names: Sequence[str]) -> pa.Schema:
@@ -258,7 +242,7 @@ def read_unit(handle: TableHandle, unit: dict, table_schema: pa.Schema, names: S
         return schema.empty_table()
     read = wanted
     if filter is not None:
-        named = _filter_columns(filter)
+        named = expression_columns(filter)
         read = None if named is None else wanted + [c for c in dict.fromkeys(named)
                                                     if c not in wanted]
     reader = handle._reader(entry, table_schema)   # by field id, as the range's end names them

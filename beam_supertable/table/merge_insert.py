@@ -44,7 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from beam_supertable.errors import CommitFailedError, SchemaMismatchError
-from beam_supertable.format.expression import Call, Field, Literal, parse
+from beam_supertable.format.expression import expression_columns
 from beam_supertable.format.filters import mask
 from beam_supertable.format.keys import KeyBatch
 from beam_supertable.format.manifest import DEFAULT_MAX_RETRIES, Snapshot
@@ -353,22 +353,6 @@ class MergeInsertBuilder:
         return Plan(base.version, written.tobytes(), source.take(pa.array(written)),
                     removed_of(entries, which[removed_t], pos[removed_t]),
                     (len(ins), len(upd), len(gone)))
-
-
-def expression_columns(expr: pc.Expression) -> Optional[List[str]]:
-    """The column names ``expr`` refers to, or None when they cannot be told."""
-    found: List[str] = []
-
-    def walk(node) -> bool:
-        if isinstance(node, Field):
-            found.append(node.name)
-            return True
-        if isinstance(node, Call):
-            return all(walk(a) for a in node.args)
-        return isinstance(node, Literal)
-
-    node = parse(expr)
-    return found if node is not None and walk(node) else None
 
 
 def _check_unique(uri: str, source: pa.Table, on: Sequence[str]) -> None:
