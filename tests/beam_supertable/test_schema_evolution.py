@@ -452,7 +452,7 @@ def test_inspect_shows_the_schema_history(tmp_path):
     assert report["last_column_id"] == 5
 
 
-def test_commit_time_of_add_columns_does_not_read_data(tmp_path):
+def test_add_columns_reads_no_superfile_byte(tmp_path):
     t = _keyed(tmp_path)
     t.upsert([{"k": i, "v": i, "s": "x"} for i in range(50)])
     before = t.io.snapshot()
