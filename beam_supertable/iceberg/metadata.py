@@ -26,9 +26,10 @@ Everything is a function of version N (and of objects that exist already):
 two writers that write the metadata of one version write the same objects,
 each with an atomic create, so a reader never sees two different
 ``v<N>.metadata.json``. The metadata of version N is written right after the
-version document is created; one that is missing (a crash in between) is
-written by the next call to :func:`metadata_location`, or by ``beam-supertable
-iceberg sync``. A version without its metadata is invisible to Iceberg readers,
+version document is created, by the committing process's metadata thread
+(:mod:`~beam_supertable.iceberg.background`), so the commit does not wait for
+it; one that is missing (a crash in between) is written by the next
+``iceberg_metadata_location``, or by ``beam-supertable iceberg sync``. A version without its metadata is invisible to Iceberg readers,
 never read as an empty table.
 
 Why this module is long: it is the one writer of the format (metadata, manifest lists,
@@ -45,6 +46,7 @@ import io
 import json
 import logging
 import re
+import threading
 import uuid
 from typing import Any, Dict, List, Optional, Set, Tuple
 
@@ -56,6 +58,7 @@ from beam_supertable.errors import (
 from beam_supertable.format import deletes as dv, tags as tag_records
 from beam_supertable.format.documents import Snapshot
 from beam_supertable.format.store import ObjectStore
+from beam_supertable.iceberg import background
 from beam_supertable.iceberg.avro import (
     DATA, DELETES, POSITION_DELETES, data_file, manifest_bytes, manifest_list_bytes,
     manifest_list_entry, read_manifest, read_manifest_list)
@@ -164,6 +167,14 @@ class IcebergMetadata:
         self._lists: Dict[int, List[Dict[str, Any]]] = {}      # version -> manifest list
         self._tables: Dict[int, Dict[str, Any]] = {}           # version -> metadata JSON
         self._delete_files: Dict[str, List[Dict[str, Any]]] = {}   # delete manifest -> files
+        # The metadata thread and the caller share the caches above.
+        self._lock = threading.RLock()
+
+    def _settled(self) -> "threading.RLock":
+        """The view's lock, taken once this process's queued metadata of the table is
+        written: what follows reads or changes what that writing would."""
+        background.wait(self.store.uri)
+        return self._lock
 
     # -- reading what exists -------------------------------------------------
     def _get_json(self, path: str) -> Optional[Dict[str, Any]]:
@@ -210,6 +221,10 @@ class IcebergMetadata:
                 metadata (torn, or written by something else); it is never
                 taken for an empty table.
         """
+        with self._settled():
+            return self._ensure(snapshot)
+
+    def _ensure(self, snapshot: Snapshot) -> str:
         version = snapshot.version
         found = self._table_json(version)
         if found is None:
@@ -262,17 +277,20 @@ class IcebergMetadata:
 
     # -- writing -------------------------------------------------------------
     def after_commit(self, snapshot: Snapshot) -> None:
-        """Writes the metadata of a version that just landed, when the table keeps it.
+        """Queues the metadata of a version that just landed, when the table keeps it.
 
-        The version has landed whatever happens here: metadata that could not
+        The version has landed whatever happens next: metadata that could not
         be written is written by the next ``iceberg_metadata_location`` or
         ``beam-supertable iceberg sync``; until then Iceberg readers see the
         version before.
         """
-        if not is_enabled(snapshot):
-            return
+        if is_enabled(snapshot):
+            background.submit(self.store.uri, lambda: self._write_landed(snapshot))
+
+    def _write_landed(self, snapshot: Snapshot) -> None:
         try:
-            self.write(snapshot)
+            with self._lock:
+                self.write(snapshot)
         except Exception as exc:  # noqa: BLE001 - the commit landed; say what is missing
             _LOG.warning("%s: version %d landed, but its Iceberg metadata was not written "
                          "(%s: %s); it is written by the next iceberg_metadata_location() or "
@@ -281,7 +299,10 @@ class IcebergMetadata:
 
     def needed_by(self, snapshot: Snapshot) -> Set[str]:
         """The Iceberg objects a retained version needs, when the table keeps them."""
-        return referenced(self.store, snapshot) if is_enabled(snapshot) else set()
+        if not is_enabled(snapshot):
+            return set()
+        with self._settled():
+            return referenced(self.store, snapshot)
 
     @staticmethod
     def owns(path: str) -> bool:
@@ -291,18 +312,20 @@ class IcebergMetadata:
     def after_vacuum(self, latest: Snapshot, retained: List[int]) -> None:
         """The latest metadata file forgets the snapshots vacuum removed."""
         if is_enabled(latest):
-            self.prune_history(latest, retained)
+            with self._settled():
+                self.prune_history(latest, retained)
 
     def after_tags(self, latest: Snapshot) -> None:
         """The latest metadata file names the table's tags as they are now."""
         if not is_enabled(latest):
             return
-        self._tables.pop(latest.version, None)
-        table = self._table_json(latest.version)
-        if table is None:
-            self.write(latest, hint=self._hint_at_most(latest.version))
-            return
-        self._retag(latest.version, table)
+        with self._settled():
+            self._tables.pop(latest.version, None)
+            table = self._table_json(latest.version)
+            if table is None:
+                self.write(latest, hint=self._hint_at_most(latest.version))
+                return
+            self._retag(latest.version, table)
 
     def _retag(self, version: int, table: Dict[str, Any]) -> None:
         """Rewrites the metadata file of ``version`` when its tag refs are stale."""
@@ -398,13 +421,17 @@ class IcebergMetadata:
     def repair(self, snapshot: Snapshot) -> str:
         """Checks every object the metadata of ``snapshot``'s version needs, and when one
         is missing or unreadable writes the metadata again; returns its path."""
+        with self._settled():
+            return self._repair(snapshot)
+
+    def _repair(self, snapshot: Snapshot) -> str:
         version = snapshot.version
         if self.moved_from(version) is not None or \
                 (version > 0 and self.moved_from(version - 1) is not None):
             self.relocate()
             return self.write(snapshot, reuse=False)
         try:
-            self.ensure(snapshot)
+            self._ensure(snapshot)
             needed = referenced(self.store, snapshot) - {VERSION_HINT}
             listed = self._readable_list(version) if version > 0 else []
             location = table_location(self.store)

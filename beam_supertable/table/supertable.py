@@ -1053,8 +1053,11 @@ class Supertable:
         """The absolute URI of the Iceberg metadata file whose current snapshot is ``version``.
 
         ``pyiceberg.table.StaticTable.from_metadata(location)``, DuckDB's
-        ``iceberg_scan(location)`` and Spark open it as they are. Metadata a
-        crash left unwritten is written now (it is a function of the version).
+        ``iceberg_scan(location)`` and Spark open it as they are. A commit does
+        not wait for its metadata (its process writes it right after, on a
+        thread of its own): this waits for what this process queued for the
+        table, and writes what is still missing (a crash left it unwritten; it
+        is a function of the version).
 
         Args:
             version: a version of the table or a tag's name (default: this handle's).

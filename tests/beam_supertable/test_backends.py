@@ -16,6 +16,7 @@ from beam_supertable.errors import AlreadyExists
 from beam_supertable.format import store as store_mod
 from beam_supertable.format.backends import refusal
 from beam_supertable.format.store import ObjectStore
+from beam_supertable.iceberg import background
 from tests.beam_supertable.iceberg_reads import iceberg_scan, rows_of
 from tests.conftest import backend_location, s3_options
 
@@ -158,7 +159,9 @@ def test_refusal_follows_the_cause_to_the_status():
 
 # -- a table that moves -----------------------------------------------------------
 def _copy(src_uri, src_options, dst_uri, dst_options):
-    """Every object of a table, copied as a backup or a move between buckets would."""
+    """Every object of a table, copied as a backup or a move between buckets would:
+    once its writers are done (the Iceberg metadata is written beside each commit)."""
+    background.drain()
     src, dst = ObjectStore(src_uri, src_options), ObjectStore(dst_uri, dst_options)
     for info in src.list(""):
         dst.put(info.path, src.get(info.path))
@@ -290,6 +293,7 @@ def test_writing_an_earlier_version_on_demand_never_moves_the_hint_back(tmp_path
     table = Supertable.create(uri, SCHEMA)
     for i in range(3):
         table.append(pa.table({"id": [i], "label": ["x"]}))
+    table.iceberg_metadata_location()
     store = ObjectStore(uri)
     store.delete("metadata/v1.metadata.json")
     table.iceberg_metadata_location(1)

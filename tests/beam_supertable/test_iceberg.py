@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from beam_supertable import Supertable
 from beam_supertable.errors import CorruptManifestError, IcebergDisabledError, SchemaMismatchError
-from beam_supertable.iceberg import metadata as iceberg
+from beam_supertable.iceberg import background, metadata as iceberg
 from tests.beam_supertable.iceberg_reads import (
     assert_every_version_reads_alike, iceberg_scan, rows_of)
 
@@ -168,9 +168,11 @@ def test_a_version_whose_metadata_was_not_written_stays_invisible_until_repaired
     uri = str(tmp_path / "t")
     t = Supertable.create(uri, SCHEMA, primary_key="key")
     t.upsert(rows(range(10), 1))
+    background.drain()      # the failure below is version 2's alone
     monkeypatch.setattr(iceberg.IcebergMetadata, "write",
                         lambda self, snapshot: (_ for _ in ()).throw(OSError("disk gone")))
     t.upsert(rows(range(3), 2))
+    background.drain()
     monkeypatch.undo()
     assert not os.path.exists(f"{uri}/metadata/v2.metadata.json")
     assert open(f"{uri}/metadata/version-hint.text").read() == "1"
@@ -188,7 +190,8 @@ def test_a_torn_metadata_file_is_reported_not_read_as_empty(tmp_path):
     uri = str(tmp_path / "t")
     t = Supertable.create(uri, SCHEMA, primary_key="key")
     t.upsert(rows(range(10), 1))
-    path = f"{uri}/metadata/v1.metadata.json"
+    path = t.iceberg_metadata_location()     # written beside the commit: this waits for it
+    assert path == f"{uri}/metadata/v1.metadata.json"
     with open(path, "r+b") as f:
         f.truncate(100)
     with pytest.raises(CorruptManifestError, match="v1.metadata.json is not valid JSON"):
@@ -203,6 +206,7 @@ def test_two_writers_of_one_version_s_metadata_write_the_same_bytes(tmp_path):
     t = Supertable.create(uri, SCHEMA, primary_key="key")
     t.upsert(rows(range(10), 1))
     t.delete(pc.field("key") == "1")
+    t.iceberg_metadata_location()
     before = {name: open(f"{uri}/metadata/{name}", "rb").read()
               for name in os.listdir(f"{uri}/metadata")}
     for name in before:
@@ -239,6 +243,7 @@ def test_metadata_written_per_commit_does_not_grow_with_the_table(tmp_path):
     for n in range(40):
         names = set(os.listdir(f"{uri}/metadata")) if os.path.isdir(f"{uri}/metadata") else set()
         t.upsert(rows([n], n))
+        t.iceberg_metadata_location()
         new = set(os.listdir(f"{uri}/metadata")) - names
         sizes.append(sum(os.path.getsize(f"{uri}/metadata/{m}") for m in new
                          if not m.endswith(".metadata.json")))
@@ -258,6 +263,7 @@ def test_a_table_without_iceberg_metadata_says_how_to_turn_it_on(tmp_path):
     assert location == f"{uri}/metadata/v2.metadata.json"
     assert t.sync_iceberg() == location           # idempotent: no second commit
     t.upsert(rows(range(3), 2))                    # later commits write their own
+    background.drain()
     assert os.path.exists(f"{uri}/metadata/v3.metadata.json")
     assert canonical(iceberg_scan(location).to_arrow()) == \
         canonical(Supertable.open(uri, version=2).to_arrow())
@@ -369,13 +375,16 @@ def test_a_version_whose_metadata_failed_is_filled_in_by_the_next_commit(tmp_pat
     t = Supertable.create(uri, SCHEMA, primary_key="key")
     for n in range(3):
         t.upsert(rows(range(n, n + 5), n))
+    background.drain()
     real = iceberg.IcebergMetadata.write
     monkeypatch.setattr(iceberg.IcebergMetadata, "write",
                         lambda self, snapshot, **kw: (_ for _ in ()).throw(OSError("lost")))
     t.upsert(rows(range(3), 9))
+    background.drain()
     monkeypatch.setattr(iceberg.IcebergMetadata, "write", real)
     assert not os.path.exists(f"{uri}/metadata/v4.metadata.json")
     t.upsert(rows(range(2), 10))
+    t.iceberg_metadata_location()
     latest = pyiceberg_table.StaticTable.from_metadata(f"{uri}/metadata/v5.metadata.json")
     assert [s.snapshot_id for s in latest.metadata.snapshots] == [1, 2, 3, 4, 5]
     assert_every_version_reads_alike(uri)
@@ -387,6 +396,7 @@ def test_sync_writes_again_what_was_deleted_or_torn(tmp_path):
     t.upsert(rows(range(30), 1))
     t.upsert(rows(range(10), 2))
     t.delete(pc.field("key") == "20")
+    t.iceberg_metadata_location()
     os.remove(f"{uri}/metadata/snap-3.avro")
     for name in os.listdir(f"{uri}/metadata"):
         if name.endswith("-data.avro"):

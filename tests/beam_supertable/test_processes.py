@@ -74,6 +74,7 @@ def test_writer_killed_before_commit_leaves_the_table_whole(location):
     uri, options = location
     table = Supertable.create(uri, SCHEMA, storage_options=options)
     table.append(pa.table({"writer": ["kept"], "seq": [1]}))
+    table.iceberg_metadata_location()     # written beside the commit: wait for it
     before = {o.path for o in ObjectStore(uri, options).list("")}
     proc = _spawn("upload-then-hang", uri, json.dumps(options))
     line = proc.stdout.readline()
