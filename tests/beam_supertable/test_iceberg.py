@@ -306,6 +306,7 @@ def test_spark_reads_every_snapshot_as_the_version_holds_it(tmp_path):
     t.delete(pc.field("key") < "2")
     t.optimize()
     t.upsert(rows(range(5), 3))
+    t.iceberg_metadata_location()      # Spark opens the latest by name (the hint): wait for it
     done = subprocess.run([sys.executable, "-m", "tests.beam_supertable.spark_read", uri],
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
