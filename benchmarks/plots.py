@@ -35,7 +35,7 @@ def _two_and_five(v: float, _pos) -> str:
     """Labels 2 and 5 of each decade between a log axis' powers of ten."""
     if v <= 0:
         return ""
-    return f"{v:g}" if round(v / 10 ** math.floor(math.log10(v))) in (2, 5) else ""
+    return f"{v:,.10g}" if round(v / 10 ** math.floor(math.log10(v))) in (2, 5) else ""
 
 
 def draw(name: str, panels: Sequence[Tuple[str, Sequence[Series]]], *, xlabel: str,
