@@ -2,10 +2,11 @@
 
     python -m benchmarks.iceberg_bench                    # local directory and S3 (moto server)
     python -m benchmarks.iceberg_bench --backends local --skip-scan
+    python -m benchmarks.iceberg_bench --sizes 10,100,1000 --skip-scan --plot
 
 Commit cost: p50/p99 of single-superfile append commits on tables that already
-hold 10 and 1,000 superfiles, with the Iceberg metadata on and off, the two
-tables committed to in turn (interleaved), a fresh handle per commit; the
+hold 10 and 1,000 superfiles (``--sizes``), with the Iceberg metadata on and off, the
+two tables committed to in turn (interleaved), a fresh handle per commit; the
 metadata is written beside the commit, so each commit is timed until it returns
 and "landed" until its metadata is written too (the next commit starts once it
 is, so no commit is timed beside another's metadata): the
@@ -14,6 +15,8 @@ manifest's commit alone (as ``commit_bench``), and ``Supertable.append`` of
 200,000-row keyed table with 10 % of its rows deleted, read whole by
 ``Supertable.to_arrow()``, by pyiceberg from the version's metadata, and by
 DuckDB through ``to_pyarrow_dataset()`` (best of three, interleaved).
+``--plot`` draws the commit and append p50s against the table size to
+``docs/img/iceberg-commit.png``.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from benchmarks.commit_bench import _fill, backend
 
 SCHEMA = pa.schema([("_id", pa.int64()), ("x", pa.int64())])
 SIZES = (10, 1_000)
+BACKEND_NAMES = {"local": "local dir", "s3": "S3 (moto)"}
 SAMPLES = 60
 SCAN_ROWS = 200_000
 
@@ -59,9 +63,9 @@ def _percentiles(samples):
             for on, s in samples.items()}
 
 
-def commit_cost(uri, options):
+def commit_cost(uri, options, sizes=SIZES):
     out = {}
-    for size in SIZES:
+    for size in sizes:
         tables = {}
         for on in (False, True):
             table_uri = f"{uri}/c{size}-{'on' if on else 'off'}-{uuid.uuid4().hex[:6]}"
@@ -80,12 +84,12 @@ def commit_cost(uri, options):
     return out
 
 
-def append_cost(uri, options):
+def append_cost(uri, options, sizes=SIZES):
     """The same, through ``Supertable.append`` of 100 rows (writing the superfile)."""
     schema = pa.schema([("k", pa.int64()), ("x", pa.float64())])
     batch = pa.table({"k": np.arange(100), "x": np.linspace(0, 1, 100)}, schema=schema)
     out = {}
-    for size in SIZES:
+    for size in sizes:
         tables = {}
         for on in (False, True):
             table_uri = f"{uri}/a{size}-{'on' if on else 'off'}-{uuid.uuid4().hex[:6]}"
@@ -137,15 +141,40 @@ def scan(uri):
     return {name: (min(s) * 1e3, results[name]) for name, s in runs.items()}
 
 
+def plot(measured):
+    """Commit and append p50 against superfiles, Iceberg face on and off, a panel per backend."""
+    from benchmarks import plots
+    panels = []
+    for name, by_what in measured.items():
+        series = []
+        for what, by_size in by_what.items():
+            sizes = sorted(by_size)
+            for on, label in ((False, "off"), (True, "on"), ("landed", "on, metadata landed")):
+                series.append((f"{what}, Iceberg {label}", sizes,
+                               [by_size[n][on][0] for n in sizes]))
+        panels.append((BACKEND_NAMES.get(name, name), series))
+    return plots.draw("iceberg-commit", panels, xlabel="superfiles in the table",
+                      ylabel="p50, ms", title="Commit time against table size, Iceberg face "
+                      "on and off", xlog=True, size=(6 * len(panels) ** 0.5, 4),
+                      note=plots.machine_note())
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", default="local,s3")
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)),
+                        help="superfiles in the tables committed to, e.g. 10,100,1000")
     parser.add_argument("--skip-scan", action="store_true")
+    parser.add_argument("--plot", action="store_true",
+                        help="draw docs/img/iceberg-commit.png (needs matplotlib)")
     args = parser.parse_args(argv)
+    sizes = tuple(int(n) for n in args.sizes.split(","))
+    measured = {}
     for name in args.backends.split(","):
         with backend(name, "iceberg-bench-") as (uri, options):
             for what, measure in (("commit", commit_cost), ("append", append_cost)):
-                for size, by in measure(uri, options).items():
+                by_size = measured.setdefault(name, {})[what] = measure(uri, options, sizes)
+                for size, by in by_size.items():
                     (off50, off99), (on50, on99) = by[False], by[True]
                     landed50, landed99 = by["landed"]
                     print(f"{name:5s} {what} at {size:>5,d} superfiles: off p50 {off50:6.1f} "
@@ -153,6 +182,8 @@ def main(argv=None):
                           f"p50 ratio on:off {on50 / off50:.2f}x; on, metadata landed p50 "
                           f"{landed50:6.1f} / p99 {landed99:6.1f} ms ({landed50 / off50:.2f}x)",
                           flush=True)
+    if args.plot:
+        print(f"chart: {plot(measured)}", flush=True)
     if not args.skip_scan:
         base = tempfile.mkdtemp(prefix="iceberg-scan-")
         scanned = scan(os.path.join(base, "t"))

@@ -4,6 +4,7 @@
     python -m benchmarks.search_bench --quick          # smaller sizes, for iterating
     python -m benchmarks.search_bench --only shapes    # or: text, cold, ingest
     python -m benchmarks.search_bench --only shapes --shapes a,b
+    python -m benchmarks.search_bench --only shapes --plot   # + recall/q/s curves, a chart
 
 Shapes (recall@10 of held-out queries against exact brute force):
 
@@ -208,7 +209,7 @@ def faiss_index(x, q, metric, truth_pos):
     """faiss IVF-SQ8 at the smallest nprobe reaching recall 0.95 (IVF-Flat if SQ8 never does).
 
     Returns:
-        ``(search, nprobe, recall, lists, kind)``: ``search()`` runs the query batch.
+        ``(search, nprobe, recall, lists, kind, index)``: ``search()`` runs the query batch.
     """
     import faiss
     xp, qp = prepare(x, metric), prepare(q, metric)
@@ -231,8 +232,8 @@ def faiss_index(x, q, metric, truth_pos):
             index.nprobe = nprobe
             rec = recall(index.search(qp, K)[1], truth_pos)
             if rec >= TARGET:
-                return (lambda index=index: index.search(qp, K)), nprobe, rec, lists, name
-    return (lambda index=index: index.search(qp, K)), nprobe, rec, lists, name
+                return (lambda index=index: index.search(qp, K)), nprobe, rec, lists, name, index
+    return (lambda index=index: index.search(qp, K)), nprobe, rec, lists, name, index
 
 
 def interleaved(fns, repeat, min_seconds=2.0, max_rounds=200, block_seconds=0.02):
@@ -269,7 +270,49 @@ def interleaved(fns, repeat, min_seconds=2.0, max_rounds=200, block_seconds=0.02
     return best
 
 
-def bench_shape(cfg, key, name, metric, x, q, extra_columns):
+def sweep(cfg, t, index, q, metric, truth, pos, nprobe, faiss_nprobe, cells, lists,
+          steps=(0.5, 1, 2, 4)):
+    """Recall and batch q/s of both sides at a few multiples of their nprobe for recall 0.95.
+
+    Each side's own breadth is scaled, not one nprobe shared: the grids differ
+    (about 2.5 sqrt(rows) cells against faiss's 1,024 lists), so the same
+    number of probes is not the same breadth. Each point's q/s is its own
+    interleaved pair, as in the table.
+    """
+    qp = prepare(q, metric)
+    points = {"ours": [], "faiss": []}
+    for step in steps:
+        ours_p = int(min(cells, max(1, round(nprobe * step))))
+        faiss_p = int(min(lists, max(1, round(faiss_nprobe * step))))
+        got = t.search(vector=q, k=K, columns=[], nprobe=ours_p)
+        ours_rec = recall([np.array([pos[int(i)] for i in f]) for f in found_ids(got, len(q))],
+                          truth)
+        index.nprobe = faiss_p
+        faiss_rec = recall(index.search(qp, K)[1], truth)
+        best = interleaved({"ours": lambda: t.search(vector=q, k=K, columns=[], nprobe=ours_p),
+                            "faiss": lambda: index.search(qp, K)}, cfg["repeat"])
+        points["ours"].append((ours_p, ours_rec, len(q) / best["ours"]))
+        points["faiss"].append((faiss_p, faiss_rec, len(q) / best["faiss"]))
+        print(f"    curve x{step:g}: ours nprobe {ours_p} recall {ours_rec:.3f} "
+              f"{len(q) / best['ours']:,.0f} q/s | faiss nprobe {faiss_p} recall {faiss_rec:.3f} "
+              f"{len(q) / best['faiss']:,.0f} q/s", flush=True)
+    index.nprobe = faiss_nprobe
+    return points
+
+
+def plot_curves(results):
+    from benchmarks import plots
+    panels = [(f"({r['shape']}) {r['name'].split(' (')[0]}\n{r['rows']:,} x {r['dim']}",
+               [(f"{side}{' ' + r['faiss_kind'] if side == 'faiss' else ''}",
+                 [rec for _, rec, _ in pts], [qps for _, _, qps in pts])
+                for side, pts in r["curve"].items()])
+              for r in results if "curve" in r]
+    return plots.draw("search-recall-qps", panels, xlabel="recall@10", ylabel="batch q/s",
+                      title="Recall against queries/s, nprobe x0.5, 1, 2, 4 of each side's "
+                            "0.95 point", ylog=True, size=(9, 5.5), note=plots.machine_note())
+
+
+def bench_shape(cfg, key, name, metric, x, q, extra_columns, curve=False):
     dim = x.shape[1]
     d = tempfile.mkdtemp(prefix="search-bench-")
     # "n": the one key column a caller needs to use a hit.
@@ -297,7 +340,8 @@ def bench_shape(cfg, key, name, metric, x, q, extra_columns):
     truth = brute_force(xs, q, metric)
     got = t.search(vector=q, k=K, columns=[])
     rec = recall([np.array([pos[int(i)] for i in f]) for f in found_ids(got, len(q))], truth)
-    faiss_search, faiss_nprobe, faiss_rec, lists, faiss_kind = faiss_index(xs, q, metric, truth)
+    faiss_search, faiss_nprobe, faiss_rec, lists, faiss_kind, index = faiss_index(
+        xs, q, metric, truth)
     # Each ratio from its own interleaved pair: brute force on 200,000 rows
     # allocates and frees ~600 MB a call, and the kernel's work after it
     # slowed whichever side ran next (ours to 0.5x faiss's pace, then 0.25x).
@@ -356,14 +400,18 @@ def bench_shape(cfg, key, name, metric, x, q, extra_columns):
           f"    with the key column: batch {out['key_qps']:,.0f} q/s ({out['key_cost']:.2f}x the "
           f"ids-only time; {out['key_vs_faiss']:.2f}x faiss), single p50 {out['p50_key']:.2f} ms "
           f"p99 {out['p99_key']:.2f} ms", flush=True)
+    if curve:
+        out["curve"] = sweep(cfg, t, index, q, metric, truth, pos, nprobe, faiss_nprobe,
+                             n_cells, lists)
     shutil.rmtree(d)
     return out
 
 
-def bench_shapes(cfg, which):
+def bench_shapes(cfg, which, curve=False):
     results = []
     for key, name, metric, x, q in shapes(cfg, which):
-        results.append(bench_shape(cfg, key, name, metric, x, q, extra_columns=key in "ab"))
+        results.append(bench_shape(cfg, key, name, metric, x, q, extra_columns=key in "ab",
+                                   curve=curve))
     if results:
         print("\n| shape | rows | recall@10 | nprobe / cells | batch q/s (`_id`, `_distance`) "
               "| x faiss | with key column q/s | key cost | x faiss with key | faiss | "
@@ -582,10 +630,15 @@ def main(argv=None):
     parser.add_argument("--only", choices=["shapes", "text", "cold", "ingest"])
     parser.add_argument("--shapes", default="a,b,c,d,e", help="which shapes (a,b,c,d,e)")
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for iterating")
+    parser.add_argument("--plot", action="store_true",
+                        help="also sweep nprobe per shape and draw docs/img/search-recall-qps.png "
+                             "(needs matplotlib)")
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else FULL
     if args.only in (None, "shapes"):
-        bench_shapes(cfg, set(args.shapes.split(",")))
+        results = bench_shapes(cfg, set(args.shapes.split(",")), curve=args.plot)
+        if args.plot and results:
+            print(f"chart: {plot_curves(results)}", flush=True)
     if args.only in (None, "text"):
         bench_text(cfg)
     if args.only in (None, "cold"):

@@ -3,6 +3,7 @@
     python -m benchmarks.upsert_table_bench                  # 500,000 rows, 50,000 upserted
     python -m benchmarks.upsert_table_bench --rows 100000 --upserts 10000
     python -m benchmarks.upsert_table_bench --rows 5000000 --only-supertable   # scale
+    python -m benchmarks.upsert_table_bench --sizes 100000,500000,1000000 --plot
 
 A table of ``--rows`` rows (``id`` int64 key, ``value`` int64, ``emb`` 64-d
 float32) on a local directory, then one upsert of ``--upserts`` rows: half
@@ -10,7 +11,9 @@ of them existing keys (drawn at random), half new keys. Each system gets the
 same Arrow data in the same run; only the upsert call is timed (best of
 ``--rounds``, each on a fresh copy of the loaded table). The delta-rs and
 LanceDB baselines run when ``deltalake`` / ``lancedb`` import, and the
-output says so when they do not.
+output says so when they do not. ``--sizes`` runs several table sizes in
+turn and ``--plot`` draws the time against the size to
+``docs/img/upsert-table.png``.
 """
 
 from __future__ import annotations
@@ -124,27 +127,17 @@ def bench_lance(root: str, base: pa.Table, batch: pa.Table, rounds: int):
     return best
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, default=500_000)
-    parser.add_argument("--upserts", type=int, default=50_000)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--only-supertable", action="store_true",
-                        help="skip delta-rs and LanceDB (for scale runs of the supertable)")
-    args = parser.parse_args(argv)
-    import pyarrow
-    print(f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-          f"pyarrow {pyarrow.__version__}, numpy {np.__version__}")
-    base, batch = make_data(args.rows, args.upserts)
-    print(f"table: {args.rows:,} rows (id int64, value int64, emb {DIM}-d float32); upsert: "
-          f"{batch.num_rows:,} rows ({args.upserts // 2:,} existing keys, "
-          f"{batch.num_rows - args.upserts // 2:,} new); best of {args.rounds}")
+def run(rows: int, upserts: int, rounds: int, only_supertable: bool) -> dict:
+    """One table size: every system's best upsert time (None where skipped), printed."""
+    base, batch = make_data(rows, upserts)
+    print(f"table: {rows:,} rows (id int64, value int64, emb {DIM}-d float32); upsert: "
+          f"{batch.num_rows:,} rows ({upserts // 2:,} existing keys, "
+          f"{batch.num_rows - upserts // 2:,} new); best of {rounds}")
     root = tempfile.mkdtemp(prefix="upsert-table-bench-")
     try:
-        ours = bench_supertable(root, base, batch, args.rounds)
-        skip = args.only_supertable
-        delta = None if skip else bench_delta(root, base, batch, args.rounds)
-        lance = None if skip else bench_lance(root, base, batch, args.rounds)
+        ours = bench_supertable(root, base, batch, rounds)
+        delta = None if only_supertable else bench_delta(root, base, batch, rounds)
+        lance = None if only_supertable else bench_lance(root, base, batch, rounds)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     s = ours["seconds"]
@@ -156,14 +149,50 @@ def main(argv=None) -> None:
                         delta),
                        ("LanceDB merge_insert (when_matched_update_all + "
                         "when_not_matched_insert_all)", lance)):
-        if args.only_supertable:
+        if only_supertable:
             continue
         if took is None:
             print(f"{name}: not installed, skipped")
         else:
             print(f"{name}: {took:.3f} s; supertable / it = {s / took:.2f}x the time")
     sys.stdout.flush()
+    return {"supertable": s, "delta-rs": delta, "lancedb": lance}
 
+
+def plot(sizes, results, upserts: int, rounds: int) -> str:
+    from benchmarks import plots
+    series = []
+    for label, key in (("ours (Supertable.upsert)", "supertable"),
+                       ("LanceDB merge_insert", "lancedb"), ("delta-rs MERGE", "delta-rs")):
+        points = [(n, r[key]) for n, r in zip(sizes, results) if r[key] is not None]
+        if points:
+            series.append((label, [n for n, _ in points], [t for _, t in points]))
+    return plots.draw("upsert-table", [("", series)], xlabel="table rows",
+                      ylabel=f"upsert of {upserts:,} rows, s (best of {rounds})",
+                      title="Keyed merge time against table size", xlog=True, ylog=True,
+                      note=plots.machine_note())
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=500_000)
+    parser.add_argument("--sizes", default="",
+                        help="table sizes to run one after the other, e.g. 100000,500000 "
+                             "(instead of --rows)")
+    parser.add_argument("--upserts", type=int, default=50_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--only-supertable", action="store_true",
+                        help="skip delta-rs and LanceDB (for scale runs of the supertable)")
+    parser.add_argument("--plot", action="store_true",
+                        help="draw docs/img/upsert-table.png (needs matplotlib)")
+    args = parser.parse_args(argv)
+    import pyarrow
+    print(f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+          f"pyarrow {pyarrow.__version__}, numpy {np.__version__}")
+    sizes = [int(n) for n in args.sizes.split(",")] if args.sizes else [args.rows]
+    results = [run(n, args.upserts, args.rounds, args.only_supertable) for n in sizes]
+    if args.plot:
+        print(f"chart: {plot(sizes, results, args.upserts, args.rounds)}")
 
 if __name__ == "__main__":
     main()
