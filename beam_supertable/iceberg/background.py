@@ -15,29 +15,36 @@ writers of one version write the same objects). A process that dies before its
 thread is done leaves versions without metadata, which the next reader or
 ``beam-supertable iceberg sync`` writes, as after any crash between the two.
 
-The thread is the one :mod:`concurrent.futures` keeps, so the interpreter
-finishes what is queued before it exits.
+At exit the queue is drained (up to ``EXIT_WAIT_S``) before
+:mod:`concurrent.futures` starts refusing work, which the stores' clients use
+too. A forked child starts with an empty queue of its own.
 """
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
+import concurrent.futures.thread
+import logging
 import os
 import threading
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
-__all__ = ["drain", "submit", "wait"]
+__all__ = ["EXIT_WAIT_S", "drain", "submit", "wait"]
 
+EXIT_WAIT_S = 120.0
+
+_LOG = logging.getLogger(__name__)
 _LOCK = threading.Lock()
 _STATE: Dict[str, object] = {"pid": None, "pool": None}
-_PENDING: Dict[str, List[concurrent.futures.Future]] = {}   # table uri -> queued writes
+# table key -> (queued write, what it writes)
+_PENDING: Dict[str, List[Tuple[concurrent.futures.Future, str]]] = {}
 _WORKER = threading.local()        # set inside the writer thread
 
 
 def _pool() -> concurrent.futures.ThreadPoolExecutor:
     with _LOCK:
         if _STATE["pid"] != os.getpid():
-            # A forked child inherits the parent's queue but not its thread.
             _STATE["pid"] = os.getpid()
             _STATE["pool"] = concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="iceberg-metadata",
@@ -50,8 +57,8 @@ def _mark_worker() -> None:
     _WORKER.active = True
 
 
-def submit(uri: str, write: Callable[[], None]) -> None:
-    """Queues ``write`` (the metadata of a version of the table at ``uri``)."""
+def submit(key: str, write: Callable[[], None], what: str = "") -> None:
+    """Queues ``write`` (``what``: the metadata of a version of the table ``key`` names)."""
     pool = _pool()
     try:
         future = pool.submit(write)
@@ -60,33 +67,64 @@ def submit(uri: str, write: Callable[[], None]) -> None:
         write()
         return
     with _LOCK:
-        _PENDING.setdefault(uri, []).append(future)
-    future.add_done_callback(lambda done: _forget(uri, done))
+        _PENDING.setdefault(key, []).append((future, what))
+    future.add_done_callback(lambda done: _forget(key, done))
 
 
-def _forget(uri: str, done: concurrent.futures.Future) -> None:
+def _forget(key: str, done: concurrent.futures.Future) -> None:
     with _LOCK:
-        queued = _PENDING.get(uri)
-        if queued is not None and done in queued:
-            queued.remove(done)
-            if not queued:
-                del _PENDING[uri]
+        queued = _PENDING.get(key)
+        if queued is None:
+            return
+        queued[:] = [(f, what) for f, what in queued if f is not done]
+        if not queued:
+            del _PENDING[key]
 
 
-def wait(uri: Optional[str] = None, timeout: Optional[float] = None) -> None:
-    """Returns once the metadata this process queued (for the table at ``uri``, or
+def _queued(key: Optional[str]) -> List[Tuple[concurrent.futures.Future, str]]:
+    with _LOCK:
+        if key is None:
+            return [item for queued in _PENDING.values() for item in queued]
+        return list(_PENDING.get(key, ()))
+
+
+def wait(key: Optional[str] = None, timeout: Optional[float] = None) -> None:
+    """Returns once the metadata this process queued (for the table ``key`` names, or
     for every table) is written; at once inside the writer thread itself."""
     if getattr(_WORKER, "active", False) or _STATE["pid"] != os.getpid():
         return
-    with _LOCK:
-        if uri is None:
-            futures = [f for queued in _PENDING.values() for f in queued]
-        else:
-            futures = list(_PENDING.get(uri, ()))
-    if futures:
-        concurrent.futures.wait(futures, timeout=timeout)
+    queued = _queued(key)
+    if queued:
+        concurrent.futures.wait([f for f, _ in queued], timeout=timeout)
 
 
 def drain(timeout: Optional[float] = None) -> None:
     """Waits for every table's queued metadata (before timing, or handing a table over)."""
     wait(None, timeout)
+
+
+def _at_exit() -> None:
+    drain(EXIT_WAIT_S)
+    left = [what for f, what in _queued(None) if not f.done()]
+    if left:
+        _LOG.warning("exiting with the Iceberg metadata of %d version(s) unwritten (%s); the "
+                     "next iceberg_metadata_location() or `beam-supertable iceberg sync` "
+                     "writes it", len(left), "; ".join(left[:5]))
+
+
+def _after_fork_in_child() -> None:
+    # The parent's lock may be held and its thread is not here: start afresh.
+    global _LOCK
+    _LOCK = threading.Lock()
+    _STATE["pid"], _STATE["pool"] = None, None
+    _PENDING.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+# threading's exit callbacks run last first, and concurrent.futures registered its
+# own (which stops every executor taking work) when it was imported above.
+_register = getattr(threading, "_register_atexit", None)
+if _register is not None:
+    _register(_at_exit)
+else:   # pragma: no cover - an interpreter without it
+    atexit.register(_at_exit)

@@ -45,6 +45,7 @@ import hashlib
 import io
 import json
 import logging
+import os
 import re
 import threading
 import uuid
@@ -65,7 +66,8 @@ from beam_supertable.iceberg.avro import (
 from beam_supertable.iceberg.refs import with_tags
 from beam_supertable.iceberg.schema import iceberg_schema
 
-__all__ = ["ENABLED_PROPERTY", "METADATA", "IcebergMetadata", "metadata_path", "referenced"]
+__all__ = ["ENABLED_PROPERTY", "METADATA", "IcebergMetadata", "metadata_path", "referenced",
+           "settle"]
 
 METADATA = "metadata"
 VERSION_HINT = f"{METADATA}/version-hint.text"
@@ -168,12 +170,21 @@ class IcebergMetadata:
         self._tables: Dict[int, Dict[str, Any]] = {}           # version -> metadata JSON
         self._delete_files: Dict[str, List[Dict[str, Any]]] = {}   # delete manifest -> files
         # The metadata thread and the caller share the caches above.
-        self._lock = threading.RLock()
+        self._locked: Tuple[Optional[int], Any] = (None, None)
+
+    @property
+    def _lock(self) -> "threading.RLock":
+        pid, lock = self._locked
+        if pid != os.getpid():
+            # A forked child: the parent's lock may be held by a thread not here.
+            lock = threading.RLock()
+            self._locked = (os.getpid(), lock)
+        return lock
 
     def _settled(self) -> "threading.RLock":
         """The view's lock, taken once this process's queued metadata of the table is
         written: what follows reads or changes what that writing would."""
-        background.wait(self.store.uri)
+        settle(self.store)
         return self._lock
 
     # -- reading what exists -------------------------------------------------
@@ -285,12 +296,15 @@ class IcebergMetadata:
         version before.
         """
         if is_enabled(snapshot):
-            background.submit(self.store.uri, lambda: self._write_landed(snapshot))
+            background.submit(table_location(self.store), lambda: self._write_landed(snapshot),
+                              f"version {snapshot.version} of {self.store.uri}")
 
     def _write_landed(self, snapshot: Snapshot) -> None:
         try:
             with self._lock:
-                self.write(snapshot)
+                # Versions are queued as their commits return, not quite as they
+                # landed: the hint never goes back to an earlier one.
+                self.write(snapshot, hint=self._hint_at_most(snapshot.version))
         except Exception as exc:  # noqa: BLE001 - the commit landed; say what is missing
             _LOG.warning("%s: version %d landed, but its Iceberg metadata was not written "
                          "(%s: %s); it is written by the next iceberg_metadata_location() or "
@@ -302,6 +316,12 @@ class IcebergMetadata:
         if not is_enabled(snapshot):
             return set()
         with self._settled():
+            try:
+                # Its writer (maybe another process) may not have written it yet:
+                # what it will name must be counted before anything is removed.
+                self._ensure(snapshot)
+            except CorruptManifestError:
+                pass    # counted from what is there, as before
             return referenced(self.store, snapshot)
 
     @staticmethod
@@ -396,7 +416,11 @@ class IcebergMetadata:
                                      durable=False)
             self._remember(self._tables, version, table)
         except AlreadyExists:
+            # Written by another writer, maybe before a tag this one saw was made.
             self._tables.pop(version, None)
+            there = self._table_json(version)
+            if there is not None:
+                self._retag(version, there)
         if hint:
             self._write_hint(version)
         return path
@@ -681,6 +705,11 @@ class IcebergMetadata:
 
 _OURS = re.compile(r"^metadata/(v\d+\.metadata\.json|snap-\d+\.avro|[0-9a-f]{32}-data\.avro"
                    r"|\d+-deletes-[0-9a-f]{16}\.avro)$")
+
+
+def settle(store: ObjectStore) -> None:
+    """Returns once the Iceberg metadata this process queued for the table is written."""
+    background.wait(table_location(store))
 
 
 def is_ours(path: str) -> bool:

@@ -66,7 +66,7 @@ from beam_supertable.format.documents import (
 from beam_supertable.format.manifest import Manifest, Snapshot, VacuumPlan
 from beam_supertable.format.store import ObjectInfo, ObjectStore
 from beam_supertable.format.writer import TARGET_SUPERFILE_BYTES
-from beam_supertable.iceberg import background
+from beam_supertable.iceberg import metadata as iceberg_meta
 from beam_supertable.table.mutation import FRONTIER
 
 __all__ = ["KINDS", "inspect_table"]
@@ -145,7 +145,7 @@ def inspect_table(uri: str, storage_options: Optional[dict] = None, *,
     # was written before it, so the listing holds it (a commit landing in
     # between only adds objects). What this process committed is counted
     # with its Iceberg metadata, which is written beside the commit.
-    background.wait(store.uri)
+    iceberg_meta.settle(store)
     snapshot = manifest.load()
     objects = store.list("")
     plan = manifest.plan_vacuum(retain_versions=retain_versions, older_than=older_than,

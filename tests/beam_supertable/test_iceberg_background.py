@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pyarrow as pa
 import pytest
@@ -130,3 +131,117 @@ def test_commits_from_many_threads_each_get_their_metadata_in_order(tmp_path):
     background.drain()
     assert open(f"{uri}/metadata/version-hint.text").read() == "24"
     assert_every_version_reads_alike(uri)
+
+
+def test_a_backlog_at_exit_is_written_before_the_process_ends(tmp_path):
+    uri = str(tmp_path / "t")
+    done = run_python(f"""
+        import time
+        import pyarrow as pa
+        from beam_supertable import Supertable
+        from beam_supertable.iceberg import metadata
+        real = metadata.IcebergMetadata.write
+
+        def slow(self, snapshot, **kw):     # a slow store: the queue is still full at exit
+            time.sleep(0.3)
+            return real(self, snapshot, **kw)
+
+        metadata.IcebergMetadata.write = slow
+        schema = pa.schema([("key", pa.string()), ("n", pa.int64())])
+        t = Supertable.create({uri!r}, schema, primary_key="key")
+        for n in range(4):
+            t.upsert(pa.table({{"key": [f"{{n}}-a", f"{{n}}-b"], "n": [n] * 2}}, schema=schema))
+        # Rows of two superfiles replaced: two position files, written by a pool.
+        t.upsert(pa.table({{"key": ["0-a", "1-a"], "n": [9, 9]}}, schema=schema))
+        print(t.version)
+    """)
+    assert done.returncode == 0, done.stderr
+    assert "unwritten" not in done.stderr and "Error" not in done.stderr, done.stderr
+    assert done.stdout.split()[-1] == "5"
+    assert open(f"{uri}/metadata/version-hint.text").read() == "5"
+    assert_every_version_reads_alike(uri)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_child_forked_while_the_metadata_is_written_reads_it_without_hanging(tmp_path,
+                                                                              monkeypatch):
+    import multiprocessing
+    uri = str(tmp_path / "t")
+    t = Supertable.create(uri, SCHEMA, primary_key="key")
+    release, started = threading.Event(), threading.Event()
+    real = iceberg.IcebergMetadata.write
+
+    def held(self, snapshot, **kw):
+        started.set()
+        assert release.wait(60)
+        return real(self, snapshot, **kw)
+
+    monkeypatch.setattr(iceberg.IcebergMetadata, "write", held)
+    t.upsert(rows(range(5), 1))
+    assert started.wait(60)       # the parent's metadata thread holds the view's lock
+    monkeypatch.setattr(iceberg.IcebergMetadata, "write", real)
+    ctx = multiprocessing.get_context("fork")
+    child = ctx.Process(target=_child_reads_metadata, args=(t, uri))
+    child.start()
+    child.join(60)
+    alive = child.is_alive()
+    if alive:
+        child.kill()
+    release.set()
+    background.drain()
+    assert not alive and child.exitcode == 0
+
+
+def _child_reads_metadata(table, uri):
+    assert table.iceberg_metadata_location() == f"{uri}/metadata/v1.metadata.json"
+    os._exit(0)
+
+
+@pytest.mark.parametrize("vacuum_from", ["another process", "another spelling of the uri"])
+def test_a_vacuum_right_after_a_commit_keeps_what_its_metadata_names(tmp_path, monkeypatch,
+                                                                     vacuum_from):
+    import pyarrow.compute as pc
+    uri = str(tmp_path / "t")
+    t = Supertable.create(uri, SCHEMA, primary_key="key")
+    t.upsert(rows(range(10), 1))
+    t.delete(pc.field("key") == "3")          # a delete manifest the next version reuses
+    background.drain()
+    release = threading.Event()
+    real = iceberg.IcebergMetadata.write
+
+    def held(self, snapshot, **kw):
+        assert release.wait(60)
+        return real(self, snapshot, **kw)
+
+    monkeypatch.setattr(iceberg.IcebergMetadata, "write", held)
+    t.upsert(rows([20, 21], 4))               # version 3: its metadata is held
+    if vacuum_from == "another process":
+        done = run_python(f"""
+            from beam_supertable import Supertable
+            Supertable.open({uri!r}).vacuum(retain_versions=1, older_than=0)
+        """)
+        assert done.returncode == 0, done.stderr
+    else:
+        monkeypatch.setattr(iceberg.IcebergMetadata, "write", real)
+        Supertable.open(uri + "/").vacuum(retain_versions=1, older_than=0)
+    release.set()
+    background.drain()
+    monkeypatch.undo()
+    location = Supertable.open(uri).iceberg_metadata_location()
+    assert rows_of(iceberg_scan(location).to_arrow().select(["_id", "key", "n"])) == \
+        rows_of(Supertable.open(uri).to_arrow().select(["_id", "key", "n"]))
+
+
+def test_a_tag_made_before_another_writer_won_the_metadata_is_still_named(tmp_path):
+    from beam_supertable.format import tags as tag_records
+    from beam_supertable.format.manifest import Manifest
+    from beam_supertable.format.store import ObjectStore
+    uri = str(tmp_path / "t")
+    t = Supertable.create(uri, SCHEMA, primary_key="key")
+    t.upsert(rows(range(5), 1))
+    background.drain()                       # written without the tag...
+    tag_records.create(ObjectStore(uri), "rel", 1, time.time())   # ...made only now
+    manifest = Manifest(ObjectStore(uri))
+    manifest.view(iceberg.IcebergMetadata).write(manifest.load(1))   # loses the create
+    refs = json.load(open(f"{uri}/metadata/v1.metadata.json"))["refs"]
+    assert refs["rel"] == {"snapshot-id": 1, "type": "tag"}

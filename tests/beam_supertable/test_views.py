@@ -15,7 +15,8 @@ from beam_supertable import Supertable
 from beam_supertable.format import views
 from beam_supertable.format.manifest import CommitRequest, Manifest
 from beam_supertable.format.store import ObjectStore
-from beam_supertable.iceberg import IcebergMetadata, background
+from beam_supertable.iceberg import IcebergMetadata
+from beam_supertable.iceberg.metadata import settle
 
 SCHEMA = pa.schema([("k", pa.int64())])
 
@@ -39,7 +40,7 @@ def test_each_commit_of_a_bare_manifest_writes_the_iceberg_metadata(tmp_path):
     manifest = Manifest(ObjectStore(uri))
     version = manifest.commit(CommitRequest(operation="set_properties",
                                             set_properties={"note": "x"})).version
-    background.wait(manifest.store.uri)     # written beside the commit, by this process
+    settle(manifest.store)     # written beside the commit, by this process
     assert (tmp_path / "t" / "metadata" / f"v{version}.metadata.json").exists()
     assert isinstance(manifest.view(IcebergMetadata), IcebergMetadata)
 
