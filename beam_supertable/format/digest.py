@@ -35,7 +35,7 @@ _C1, _C2 = _U(0xBF58476D1CE4E5B9), _U(0x94D049BB133111EB)   # splitmix64 finaliz
 _P = _U(0x9E3779B97F4A7C15)      # odd multiplier of the polynomial hashes
 _NULL = _U(0x6A09E667F3BCC909)
 _SEGMENT_VALUES = 1 << 20        # values hashed at once: bounds the temporaries to ~8 MiB each
-_KERNEL_VALUES = 1 << 20         # float lists of at least this many values: compiled
+_KERNEL_BYTES = 4 << 20          # float-list columns of at least this size: compiled
 
 
 def row_digest(table: Union[pa.Table, pa.RecordBatch]) -> str:
@@ -52,13 +52,15 @@ def combine(digests: Iterable[str]) -> str:
 
 
 def _hash_column(column: Union[pa.Array, pa.ChunkedArray]) -> np.ndarray:
+    # By the whole column's size: a column of many small chunks is as large.
+    compiled = column.nbytes >= _KERNEL_BYTES
     if isinstance(column, pa.ChunkedArray):
-        parts = [_hash_array(chunk) for chunk in column.chunks]
+        parts = [_hash_array(chunk, compiled) for chunk in column.chunks]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
-    return _hash_array(column)
+    return _hash_array(column, compiled)
 
 
-def _hash_array(arr: pa.Array) -> np.ndarray:
+def _hash_array(arr: pa.Array, compiled: bool = False) -> np.ndarray:
     t = arr.type
     if isinstance(t, pa.ExtensionType):
         return _hash_array(arr.storage)
@@ -87,8 +89,7 @@ def _hash_array(arr: pa.Array) -> np.ndarray:
         offsets = np.zeros(len(arr) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         flat = arr.flatten()
-        if flat.type in (pa.float32(), pa.float64()) and not flat.null_count \
-                and len(flat) >= _KERNEL_VALUES:
+        if compiled and flat.type in (pa.float32(), pa.float64()) and not flat.null_count:
             from beam_supertable.format.digest_kernel import float_lists  # (numba: on use)
 
             bits = float_lists(flat.to_numpy(), offsets)

@@ -61,7 +61,7 @@ def test_a_digest_does_not_depend_on_order_split_or_chunking(rows, data):
 def test_compiled_float_lists_give_the_numpy_digest(monkeypatch):
     # Large vector columns are hashed by a compiled pass; it must agree with
     # the numpy formulas bit for bit (signed zeros, infinities, NaN, slices,
-    # null lists, float64, lists of varying length).
+    # null lists, float64, lists of varying length, chunks).
     import numpy as np
 
     from beam_supertable.format import digest
@@ -76,9 +76,10 @@ def test_compiled_float_lists_give_the_numpy_digest(monkeypatch):
         pa.table({"v": pa.array([list(r[:i % 14]) for i, r in enumerate(x)], pa.list_(pa.float32()))}),
         pa.table({"v": pa.array([None if i % 5 == 0 else list(r) for i, r in enumerate(x)],
                                 pa.list_(pa.float32(), 13))}),
+        pa.concat_tables([pa.table({"v": pa.FixedSizeListArray.from_arrays(flat, 13)})] * 3),
     ]
     for table in tables:
-        monkeypatch.setattr(digest, "_KERNEL_VALUES", 1)
+        monkeypatch.setattr(digest, "_KERNEL_BYTES", 1)
         compiled = row_digest(table)
-        monkeypatch.setattr(digest, "_KERNEL_VALUES", 1 << 62)
+        monkeypatch.setattr(digest, "_KERNEL_BYTES", 1 << 62)
         assert compiled == row_digest(table)
