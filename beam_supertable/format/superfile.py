@@ -235,7 +235,7 @@ def build(table: pa.Table, *, vector: Optional[VectorSpec] = None,
             offset += len(blob)
         header["sections"] = sections
         metadata[INDEX_KEY] = json.dumps(header, separators=(",", ":")).encode()
-        footer = _footer(pq.read_metadata(io.BytesIO(buf.getbuffer())),
+        footer = _footer(pq.read_metadata(pa.BufferReader(pa.py_buffer(buf.getbuffer()))),
                          table.schema.with_metadata(metadata), options)
         data = b"".join([buf.getbuffer()[:data_end], *blobs.values(), footer])
         if "keys" in sections:
