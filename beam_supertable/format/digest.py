@@ -35,6 +35,7 @@ _C1, _C2 = _U(0xBF58476D1CE4E5B9), _U(0x94D049BB133111EB)   # splitmix64 finaliz
 _P = _U(0x9E3779B97F4A7C15)      # odd multiplier of the polynomial hashes
 _NULL = _U(0x6A09E667F3BCC909)
 _SEGMENT_VALUES = 1 << 20        # values hashed at once: bounds the temporaries to ~8 MiB each
+_KERNEL_BYTES = 4 << 20          # float-list columns of at least this size: compiled
 
 
 def row_digest(table: Union[pa.Table, pa.RecordBatch]) -> str:
@@ -51,13 +52,15 @@ def combine(digests: Iterable[str]) -> str:
 
 
 def _hash_column(column: Union[pa.Array, pa.ChunkedArray]) -> np.ndarray:
+    # By the whole column's size: a column of many small chunks is as large.
+    compiled = column.nbytes >= _KERNEL_BYTES
     if isinstance(column, pa.ChunkedArray):
-        parts = [_hash_array(chunk) for chunk in column.chunks]
+        parts = [_hash_array(chunk, compiled) for chunk in column.chunks]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
-    return _hash_array(column)
+    return _hash_array(column, compiled)
 
 
-def _hash_array(arr: pa.Array) -> np.ndarray:
+def _hash_array(arr: pa.Array, compiled: bool = False) -> np.ndarray:
     t = arr.type
     if isinstance(t, pa.ExtensionType):
         return _hash_array(arr.storage)
@@ -85,7 +88,13 @@ def _hash_array(arr: pa.Array) -> np.ndarray:
         lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False)
         offsets = np.zeros(len(arr) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        bits = _segment_hash(_hash_array(arr.flatten()), offsets)
+        flat = arr.flatten()
+        if compiled and flat.type in (pa.float32(), pa.float64()) and not flat.null_count:
+            from beam_supertable.format.digest_kernel import float_lists  # (numba: on use)
+
+            bits = float_lists(flat.to_numpy(), offsets)
+        else:
+            bits = _segment_hash(_hash_array(flat), offsets)
     elif pa.types.is_struct(t):
         bits = np.full(len(arr), _U(t.num_fields), dtype=np.uint64)
         for child in arr.flatten():

@@ -10,9 +10,11 @@ Parquet reader ignores them. The footer's key-value metadata holds
 ``[offset, length]`` in the object.
 
 The metadata has to be fixed when the writer opens (pyarrow before 17
-cannot add key-value metadata later), so the row groups are first encoded
-into a byte-counting sink to learn where they end; encoding is
-deterministic, and the real write checks that it ends at the same byte.
+cannot add key-value metadata later, and the Arrow schema stored in the
+footer carries it too), but where the sections start is known only once the
+row groups are encoded. So they are encoded once, and the footer is that of
+a file of no rows opened with the final metadata, the row groups' metadata
+appended: the bytes a writer opened with that metadata would have written.
 
 ``vector`` (when the table has a vector column)::
 
@@ -212,31 +214,33 @@ def build(table: pa.Table, *, vector: Optional[VectorSpec] = None,
     options = dict(compression=compression, use_dictionary=dictionary,
                    write_statistics=statistics)
     groups = _row_groups(boundaries[1:], table.num_rows)
-    offset = 0
-    if blobs:  # only index sections need to know where the row groups end
-        measuring, offset = _write_row_groups(pa.MockOutputStream(), table, table.schema,
-                                              groups, options)
-        measuring.close()
-    sections = {}
-    for name, data in blobs.items():
-        sections[name] = [offset, len(data)]
-        offset += len(data)
-    header["sections"] = sections
     metadata = dict(table.schema.metadata or {})
-    metadata[INDEX_KEY] = json.dumps(header, separators=(",", ":")).encode()
-    writer, data_end = _write_row_groups(buf, table, table.schema.with_metadata(metadata),
-                                         groups, options)
-    for name, (start, length) in sections.items():
-        if start != data_end:
-            raise RuntimeError(f"superfile: section {name} would start at byte {data_end}, "
-                               f"not {start} as the measuring pass said")
-        buf.write(blobs[name])
-        data_end += length
-    writer.close()
-    data = buf.getvalue()
+    if not blobs:
+        metadata[INDEX_KEY] = json.dumps(header, separators=(",", ":")).encode()
+        buf = io.BytesIO()
+        writer, _ = _write_row_groups(buf, table, table.schema.with_metadata(metadata), groups,
+                                      options)
+        writer.close()
+        data = buf.getvalue()
+    else:
+        # The row groups are encoded once, without the header; the footer,
+        # whose metadata names where the sections start, is made afterwards
+        # (the row groups' bytes do not depend on the metadata).
+        buf = io.BytesIO()
+        writer, data_end = _write_row_groups(buf, table, table.schema, groups, options)
+        writer.close()
+        sections, offset = {}, data_end
+        for name, blob in blobs.items():
+            sections[name] = [offset, len(blob)]
+            offset += len(blob)
+        header["sections"] = sections
+        metadata[INDEX_KEY] = json.dumps(header, separators=(",", ":")).encode()
+        footer = _footer(pq.read_metadata(pa.BufferReader(pa.py_buffer(buf.getbuffer()))),
+                         table.schema.with_metadata(metadata), options)
+        data = b"".join([buf.getbuffer()[:data_end], *blobs.values(), footer])
+        if "keys" in sections:
+            summary["key_section"] = sections["keys"]
     summary["row_groups"] = len(groups)
-    if "keys" in sections:
-        summary["key_section"] = sections["keys"]
     return data, summary
 
 
@@ -246,6 +250,19 @@ def _write_row_groups(sink, table: pa.Table, schema: pa.Schema, groups, options)
     for start, stop in groups or [(0, 0)]:
         writer.write_table(table.slice(start, stop - start))
     return writer, sink.tell()
+
+
+def _footer(row_groups: pq.FileMetaData, schema: pa.Schema, options) -> bytes:
+    """The footer (metadata, its length, ``PAR1``) a writer opened with ``schema`` would
+    end a file holding ``row_groups`` with: the footer of a file of no rows, the row
+    groups appended."""
+    empty = pa.BufferOutputStream()
+    pq.ParquetWriter(empty, schema, **options).close()
+    metadata = pq.read_metadata(pa.BufferReader(empty.getvalue()))
+    metadata.append_row_groups(row_groups)
+    out = pa.BufferOutputStream()
+    metadata.write_metadata_file(out)
+    return out.getvalue().to_pybytes()[len(b"PAR1"):]
 
 
 def read_header(metadata: pq.FileMetaData) -> Dict[str, Any]:

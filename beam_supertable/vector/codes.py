@@ -20,8 +20,12 @@ def sq8_params(x: np.ndarray) -> np.ndarray:
 
 
 def sq8_encode(x: np.ndarray, params: np.ndarray) -> np.ndarray:
-    q = np.rint((x - params[0]) / params[1])
-    return np.clip(q, 0, 255).astype(np.uint8)
+    # In place in one temporary: each step was a fresh array the size of the vectors.
+    q = np.subtract(x, params[0])
+    np.divide(q, params[1], out=q)
+    np.rint(q, out=q)
+    np.clip(q, 0, 255, out=q)
+    return q.astype(np.uint8)
 
 
 def sq8_decode(codes: np.ndarray, params: np.ndarray) -> np.ndarray:

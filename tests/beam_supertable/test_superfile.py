@@ -1,5 +1,6 @@
 """The superfile: valid Parquet for any reader, index sections behind offsets."""
 
+import base64
 import io
 import json
 
@@ -53,6 +54,38 @@ def test_superfile_is_plain_parquet_with_index_offsets(tmp_path):
     assert starts == sorted(starts) and sum(c[2] for c in cells) == 3000
     assert sorted(c[0] for c in cells) == sorted(entry["cells"])
 
+
+
+def test_superfile_bytes_are_those_of_one_writer_opened_with_the_header(tmp_path):
+    # The row groups are encoded once and the footer made afterwards: the
+    # object must be byte for byte what a writer opened with the final
+    # metadata writes, sections between the row groups and the footer.
+    data, _ = _table()
+    keys = pa.table({"k": [f"k{i}" for i in range(3000)], **{n: data[n] for n in data.column_names}})
+    for table, kwargs in ((data, {}), (keys, {"primary_key": ["k"]})):
+        t = Supertable.create(str(tmp_path / f"t{len(kwargs)}"), table.schema,
+                              vector_column="emb", fts_columns=["body"], n_cells=16,
+                              replica_factor=0.1, **kwargs)
+        t.append(table)
+        raw = (tmp_path / f"t{len(kwargs)}" / t.superfiles()[0]["path"]).read_bytes()
+        f = pq.ParquetFile(io.BytesIO(raw))
+        header = json.loads(f.metadata.metadata[INDEX_KEY])
+        stored = f.read()
+        # The Arrow schema the writer was opened with, header included.
+        schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(
+            f.metadata.metadata[b"ARROW:schema"])))
+        assert schema.metadata[INDEX_KEY] == f.metadata.metadata[INDEX_KEY]
+        options = dict(compression={n: "none" if n == "emb" else "zstd" for n in stored.column_names},
+                       use_dictionary=[n for n in stored.column_names if n not in ("_id", "emb")],
+                       write_statistics=[n for n in stored.column_names if n != "emb"])
+        again = io.BytesIO()
+        writer = pq.ParquetWriter(again, schema, **options)
+        for i in range(f.metadata.num_row_groups):
+            writer.write_table(f.read_row_group(i).cast(schema))
+        for start, length in sorted(header["sections"].values()):
+            again.write(raw[start:start + length])
+        writer.close()
+        assert again.getvalue() == raw
 
 def test_search_touches_a_small_part_of_the_object(tmp_path):
     data, x = _table(n=20000, d=32)
