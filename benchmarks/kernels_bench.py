@@ -1,7 +1,7 @@
 """The compiled kernels: what they add to a fresh worker's first search, and what they save.
 
     python -m benchmarks.kernels_bench              # both
-    python -m benchmarks.kernels_bench --only jit   # or: scan
+    python -m benchmarks.kernels_bench --only jit   # or: scan, first-write
 
 A fresh process (a new worker) opens a 20,000 x 64 table and runs a batch of
 64 queries, then the same batch again. Measured, best of 3, each in a new
@@ -14,6 +14,11 @@ process:
 - the first search's time against the second's, in both cases.
 
 Wall and CPU seconds: on a shared, loaded machine the wall time waits for a core.
+
+``first-write``: a fresh process creates a 20,000 x 128 table and appends to it
+(training its grid, digesting its rows), then a second table the same way; the
+first write's extra time over the second is what a fresh worker pays for first
+use (imports, compiling), with an empty JIT cache folder and with a filled one.
 
 ``scan``: a 1,000-query batch on a warm 50,000 x 128 table (well-separated
 clusters, as ``search_bench``'s (b)), with the compiled cell scan and with the
@@ -53,6 +58,35 @@ t.search(vector=q, k=10, columns=[])
 second = time.perf_counter() - t0
 print(json.dumps({"jit": jit, "cpu": cpu, "first": first, "second": second}))
 """
+
+
+WRITER = r"""
+import json, sys, tempfile, time
+import numpy as np, pyarrow as pa
+from beam_supertable import Supertable
+x = np.random.default_rng(0).normal(size=(20_000, 128)).astype(np.float32)
+data = pa.table({"id": pa.array(np.arange(len(x))),
+                 "emb": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), 128)})
+d = tempfile.mkdtemp()
+took = []
+for name in ("t", "u"):
+    t0 = time.perf_counter()
+    Supertable.create(f"{d}/{name}", data.schema, vector_column="emb", metric="l2").append(data)
+    took.append(time.perf_counter() - t0)
+print(json.dumps({"first": took[0], "second": took[1]}))
+"""
+
+
+def first_write() -> None:
+    with tempfile.TemporaryDirectory() as d:
+        for i in range(REPEAT):
+            env = {**os.environ, "NUMBA_CACHE_DIR": f"{d}/jit{i}"}
+            for state in ("cold", "warm"):
+                out = subprocess.run([sys.executable, "-c", WRITER], env=env, check=True,
+                                     capture_output=True, text=True).stdout
+                r = json.loads(out.strip().splitlines()[-1])
+                print(f"first write, JIT cache {state}: {r['first']:.2f} s, second "
+                      f"{r['second']:.2f} s: +{r['first'] - r['second']:.2f} s", flush=True)
 
 
 def _child(table: str, queries: str, cache: str) -> dict:
@@ -118,12 +152,14 @@ def main() -> None:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=("jit", "scan"))
+    parser.add_argument("--only", choices=("jit", "scan", "first-write"))
     args = parser.parse_args()
     if args.only in (None, "jit"):
         jit()
     if args.only in (None, "scan"):
         scan()
+    if args.only in (None, "first-write"):
+        first_write()
     print(f"{time.strftime('%Y-%m-%d %H:%M')} UTC, {os.cpu_count()} cores, "
           f"load {os.getloadavg()[0]:.1f}")
 

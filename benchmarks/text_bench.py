@@ -83,7 +83,7 @@ def known_item_queries(docs, n, seed=0, stop_words=LUCENE_STOP_WORDS):
 def fortunes(folder):
     """The fortune cookies of ``folder`` (at least 40 characters each, each once)."""
     seen = {}
-    for name in sorted(os.listdir(folder)):
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
         path = os.path.join(folder, name)
         if "." in name or os.path.islink(path) or not os.path.isfile(path):
             continue
