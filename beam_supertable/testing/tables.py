@@ -14,6 +14,8 @@ import pyarrow as pa
 
 from beam_supertable.errors import SupertableError
 from beam_supertable.format.schema import ID
+from beam_supertable.format.store import ObjectStore
+from beam_supertable.iceberg.metadata import settle
 from beam_supertable.table.supertable import Supertable
 from beam_supertable.testing.diff import (
     DEFAULT_ABS_TOL, DEFAULT_REL_TOL, RowDiff, change_parts, changelog_diff, has_float, plain)
@@ -92,6 +94,9 @@ def temporary_table(schema: Optional[pa.Schema] = None, *,
                               **create_options)
         yield uri
     finally:
+        # What this process committed has its Iceberg metadata still being
+        # written: removing the table under the writer would let it write again.
+        settle(ObjectStore(uri))
         cleanup(uri)
 
 
