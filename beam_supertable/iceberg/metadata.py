@@ -320,8 +320,10 @@ class IcebergMetadata:
                 # Its writer (maybe another process) may not have written it yet:
                 # what it will name must be counted before anything is removed.
                 self._ensure(snapshot)
-            except CorruptManifestError:
-                pass    # counted from what is there, as before
+            except Exception as exc:  # noqa: BLE001 - counted from what is there, as before
+                _LOG.warning("%s: the Iceberg metadata of version %d could not be checked "
+                             "before the vacuum (%s: %s); what is there is kept",
+                             self.store.uri, snapshot.version, type(exc).__name__, exc)
             return referenced(self.store, snapshot)
 
     @staticmethod
