@@ -176,3 +176,13 @@ def fault_proxy(s3_server):
     proxy = FaultProxy(s3_server)
     yield proxy
     proxy.stop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    yield
+    # What the test committed gets its Iceberg metadata (written beside each commit)
+    # before the test's servers, proxies and folders are torn down.
+    background = sys.modules.get("beam_supertable.iceberg.background")
+    if background is not None:
+        background.drain(timeout=60)

@@ -23,6 +23,10 @@ class DerivedView(Protocol):
     def after_commit(self, snapshot: Snapshot) -> None:
         """Called once a version this process created has landed."""
 
+    def settle(self) -> None:
+        """Returns once what this process is writing for the face is written (before
+        the store is listed: an object half written is not taken for an orphan)."""
+
     def needed_by(self, snapshot: Snapshot) -> Set[str]:
         """The face's objects (store paths) that a retained version needs."""
 

@@ -295,9 +295,16 @@ class IcebergMetadata:
         ``beam-supertable iceberg sync``; until then Iceberg readers see the
         version before.
         """
-        if is_enabled(snapshot):
-            background.submit(table_location(self.store), lambda: self._write_landed(snapshot),
-                              f"version {snapshot.version} of {self.store.uri}")
+        if not is_enabled(snapshot):
+            return
+        if snapshot.version == 0 or self.store.protocol == "memory":
+            # Written in line: a new table's (not a hot path, and there to see when
+            # `create` returns) and an in-memory store's (no round trip to save, and
+            # its filesystem is not safe to list while another thread writes).
+            self._write_landed(snapshot)
+            return
+        background.submit(table_location(self.store), lambda: self._write_landed(snapshot),
+                          f"version {snapshot.version} of {self.store.uri}")
 
     def _write_landed(self, snapshot: Snapshot) -> None:
         try:
@@ -310,6 +317,10 @@ class IcebergMetadata:
                          "(%s: %s); it is written by the next iceberg_metadata_location() or "
                          "`beam-supertable iceberg sync`", self.store.uri, snapshot.version,
                          type(exc).__name__, exc)
+
+    def settle(self) -> None:
+        """Returns once the metadata this process queued for the table is written."""
+        settle(self.store)
 
     def needed_by(self, snapshot: Snapshot) -> Set[str]:
         """The Iceberg objects a retained version needs, when the table keeps them."""
