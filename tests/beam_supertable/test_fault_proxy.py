@@ -505,6 +505,7 @@ def test_vacuum_through_faults_keeps_every_referenced_object(fault_proxy, s3_buc
     before = Supertable.open(uri, storage_options=clean_options)
     orphans, _ = before.write_superfiles(_append_rows("orphan", 0))  # never committed
     expected = before.to_arrow().sort_by("_id").to_pylist()
+    before.iceberg_metadata_location()   # written beside the commit (or now, after a fault)
     objects_before = {o.path for o in before.store.list("")}
 
     fault_proxy.configure(seed=52, share=FAULT_SHARE, reset_counters=True)

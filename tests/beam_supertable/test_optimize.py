@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from beam_supertable import CommitConflictError, OptimizePlan, ReadFromSupertable, Supertable
 from beam_supertable.format.manifest import CommitRequest
+from beam_supertable.iceberg.metadata import settle
 from beam_supertable.table.optimize import commit_optimize, plan_optimize, rewrite_group
 
 D = 8
@@ -54,6 +55,7 @@ def _vectors(table):
 
 
 def _objects(t):
+    settle(t.store)     # the Iceberg metadata of what this process committed, written beside it
     return sorted(i.path for i in t.store.list(""))
 
 
