@@ -34,11 +34,9 @@ def run_python(code: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
-def test_a_commit_returns_before_its_metadata_and_a_reader_waits_for_it(tmp_path, monkeypatch):
-    uri = str(tmp_path / "t")
-    t = Supertable.create(uri, SCHEMA, primary_key="key")
-    t.upsert(rows(range(10), 1))
-    background.drain()
+def hold_metadata(monkeypatch):
+    """Every metadata write waits for ``release``; ``started`` is set when one begins.
+    Returns (release, started, the real write)."""
     release, started = threading.Event(), threading.Event()
     real = iceberg.IcebergMetadata.write
 
@@ -48,6 +46,15 @@ def test_a_commit_returns_before_its_metadata_and_a_reader_waits_for_it(tmp_path
         return real(self, snapshot, **kw)
 
     monkeypatch.setattr(iceberg.IcebergMetadata, "write", held)
+    return release, started, real
+
+
+def test_a_commit_returns_before_its_metadata_and_a_reader_waits_for_it(tmp_path, monkeypatch):
+    uri = str(tmp_path / "t")
+    t = Supertable.create(uri, SCHEMA, primary_key="key")
+    t.upsert(rows(range(10), 1))
+    background.drain()
+    release, started, real = hold_metadata(monkeypatch)
     assert t.upsert(rows(range(3), 2)) == 2     # returned while the metadata is held
     assert started.wait(60)
     assert not os.path.exists(f"{uri}/metadata/v2.metadata.json")
@@ -168,15 +175,7 @@ def test_a_child_forked_while_the_metadata_is_written_reads_it_without_hanging(t
     import multiprocessing
     uri = str(tmp_path / "t")
     t = Supertable.create(uri, SCHEMA, primary_key="key")
-    release, started = threading.Event(), threading.Event()
-    real = iceberg.IcebergMetadata.write
-
-    def held(self, snapshot, **kw):
-        started.set()
-        assert release.wait(60)
-        return real(self, snapshot, **kw)
-
-    monkeypatch.setattr(iceberg.IcebergMetadata, "write", held)
+    release, started, real = hold_metadata(monkeypatch)
     t.upsert(rows(range(5), 1))
     assert started.wait(60)       # the parent's metadata thread holds the view's lock
     monkeypatch.setattr(iceberg.IcebergMetadata, "write", real)
@@ -206,14 +205,7 @@ def test_a_vacuum_right_after_a_commit_keeps_what_its_metadata_names(tmp_path, m
     t.upsert(rows(range(10), 1))
     t.delete(pc.field("key") == "3")          # a delete manifest the next version reuses
     background.drain()
-    release = threading.Event()
-    real = iceberg.IcebergMetadata.write
-
-    def held(self, snapshot, **kw):
-        assert release.wait(60)
-        return real(self, snapshot, **kw)
-
-    monkeypatch.setattr(iceberg.IcebergMetadata, "write", held)
+    release, _, real = hold_metadata(monkeypatch)
     t.upsert(rows([20, 21], 4))               # version 3: its metadata is held
     if vacuum_from == "another process":
         done = run_python(f"""
